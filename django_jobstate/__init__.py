@@ -1,0 +1,1 @@
+"""Background jobs for Django's Tasks framework, stored in your database."""

@@ -1,0 +1,180 @@
+"""The django.tasks backend: enqueue as a Job row, read results as a view over attempts."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from numbers import Real
+from typing import TYPE_CHECKING, Any
+
+from django.apps import apps
+from django.core.checks import CheckMessage, Error
+from django.core.exceptions import ValidationError
+from django.tasks import Task, TaskResult, TaskResultStatus
+from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.signals import task_enqueued
+from django.utils.module_loading import import_string
+
+from .conf import get_settings
+from .states import State
+
+if TYPE_CHECKING:
+    from .models import Job
+
+STATUS = {
+    State.QUEUED: TaskResultStatus.READY,
+    State.RUNNING: TaskResultStatus.RUNNING,
+    State.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+    State.FAILED: TaskResultStatus.FAILED,
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStateTask(Task):
+    """A Task with retry and timeout options: `@task(max_attempts=3, backoff=5, timeout=60)`.
+
+    None means the project default (JOBSTATE_DEFAULT_MAX_ATTEMPTS, ..._BACKOFF, ..._TIMEOUT).
+    """
+
+    max_attempts: int | None = None  # attempts in all, including the first
+    backoff: float | None = None  # seconds before the second attempt; doubles after
+    timeout: float | None = None  # seconds an attempt may run before it is stopped
+
+
+def load_task(path: str) -> Task:
+    """Import the Task at `path`, refusing anything that is not a Task object."""
+    try:
+        obj = import_string(path)
+    except ImportError as exc:
+        raise InvalidTask(f"Cannot import the task {path!r}: {exc}") from None
+    if not isinstance(obj, Task):
+        raise InvalidTask(
+            f"{path!r} is a {type(obj).__name__}, not a Task: only functions decorated "
+            f"with @task can be run."
+        )
+    return obj
+
+
+def _check_option(task: Task, name: str, *, minimum: float, allow_none: bool = True) -> None:
+    value = getattr(task, name, None)
+    if value is None and allow_none:
+        return
+    if isinstance(value, bool) or not isinstance(value, Real) or not value >= minimum:
+        raise InvalidTask(
+            f"{name} of task {task.module_path!r} must be a number of at least {minimum}, "
+            f"not {value!r}."
+        )
+
+
+class JobStateBackend(BaseTaskBackend):
+    task_class = JobStateTask
+    supports_defer = True
+    supports_async_task = False
+    supports_get_result = True
+    supports_priority = True
+
+    def validate_task(self, task: Task) -> None:
+        super().validate_task(task)
+        _check_option(task, "max_attempts", minimum=1)
+        if isinstance(task.max_attempts, float):  # type: ignore[attr-defined]
+            raise InvalidTask(f"max_attempts of task {task.module_path!r} must be a whole number.")
+        _check_option(task, "backoff", minimum=0)
+        _check_option(task, "timeout", minimum=0.001)
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
+        self.validate_task(task)
+        try:
+            importable = load_task(task.module_path).func is task.func
+        except InvalidTask:
+            importable = False
+        if not importable:
+            raise InvalidTask(
+                f"A worker could not find the task {task.module_path!r} by its path: define it "
+                f"with @task at the top level of a module, under the function's own name."
+            )
+        from .models import Job
+
+        defaults = get_settings()
+        job = Job.objects.enqueue(
+            task.module_path,
+            args,
+            kwargs,
+            queue_name=task.queue_name,
+            priority=task.priority,
+            run_after=task.run_after,
+            backend=self.alias,
+            max_attempts=_option(task, "max_attempts", defaults.DEFAULT_MAX_ATTEMPTS),
+            backoff=_option(task, "backoff", defaults.DEFAULT_BACKOFF),
+            timeout=_option(task, "timeout", defaults.DEFAULT_TIMEOUT),
+        )
+        result = to_task_result([job], task)
+        task_enqueued.send(type(self), task_result=result)
+        return result
+
+    def get_result(self, result_id: str) -> TaskResult:
+        from .models import Job
+
+        try:
+            attempts = list(Job.objects.attempts_of(uuid.UUID(str(result_id))))
+        except (ValueError, ValidationError):
+            attempts = []
+        if not attempts:
+            raise TaskResultDoesNotExist(result_id)
+        return to_task_result(attempts)
+
+    def check(self, **kwargs: Any) -> list[CheckMessage]:
+        if apps.is_installed("django_jobstate"):
+            return []
+        return [
+            Error(
+                f"TASKS[{self.alias!r}] uses JobStateBackend, but django_jobstate is not in "
+                f"INSTALLED_APPS, so it has no table to store jobs in.",
+                hint="Add 'django_jobstate' to INSTALLED_APPS and run migrate.",
+                id="django_jobstate.E003",
+            )
+        ]
+
+
+def _option(task: Task, name: str, default: Any) -> Any:
+    value = getattr(task, name, None)
+    return default if value is None else value
+
+
+def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskResult:
+    """Describe one logical task from all its attempts, oldest first."""
+    first, newest = attempts[0], attempts[-1]
+    if task is None:
+        task = load_task(newest.task_path)
+    if (task.queue_name, task.priority, task.backend) != (
+        newest.queue_name,
+        newest.priority,
+        newest.backend,
+    ):
+        task = replace(
+            task, queue_name=newest.queue_name, priority=newest.priority, backend=newest.backend
+        )
+    started = [a for a in attempts if a.started_at is not None]
+    result = TaskResult(
+        task=task,
+        id=str(newest.result_id),
+        status=STATUS[State(newest.state)],
+        enqueued_at=first.enqueued_at,
+        started_at=started[0].started_at if started else None,
+        finished_at=newest.finished_at,
+        last_attempted_at=started[-1].started_at if started else None,
+        args=newest.args,
+        kwargs=newest.kwargs,
+        backend=newest.backend,
+        errors=[
+            TaskError(exception_class_path=a.error_class, traceback=a.traceback)
+            for a in attempts
+            if a.state == State.FAILED
+        ],
+        worker_ids=[a.worker_id for a in started],
+    )
+    if newest.state == State.SUCCEEDED:
+        object.__setattr__(result, "_return_value", newest.return_value)
+    return result

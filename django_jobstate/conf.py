@@ -1,0 +1,34 @@
+"""The app's settings: `JOBSTATE_*` names in the project's settings, with defaults."""
+
+from dataclasses import dataclass, fields
+
+from django.conf import settings as django_settings
+
+
+@dataclass(frozen=True)
+class Settings:
+    # Seconds between a worker's heartbeats.
+    HEARTBEAT_INTERVAL: float = 5.0
+    # Seconds without a heartbeat after which a worker's running attempts fail as lost.
+    LOST_AFTER: float = 30.0
+    # Seconds a worker sleeps when nothing is runnable (LISTEN/NOTIFY wakes it sooner).
+    POLL_INTERVAL: float = 1.0
+    # Largest JSON encoding, in bytes, of a job's arguments or of its return value.
+    MAX_PAYLOAD_BYTES: int = 1_000_000
+    # Per-task defaults for the options of @task(...).
+    DEFAULT_MAX_ATTEMPTS: int = 1
+    DEFAULT_BACKOFF: float = 10.0
+    DEFAULT_TIMEOUT: float | None = None
+    # Largest delay, in seconds, between two attempts of a task.
+    MAX_BACKOFF: float = 3600.0
+
+
+def get_settings() -> Settings:
+    """Read the JOBSTATE_* settings now (so override_settings works in tests)."""
+    return Settings(
+        **{
+            f.name: getattr(django_settings, f"JOBSTATE_{f.name}")
+            for f in fields(Settings)
+            if hasattr(django_settings, f"JOBSTATE_{f.name}")
+        }
+    )

@@ -1,0 +1,40 @@
+"""Exceptions raised by django-jobstate, and the ones it records as a failed attempt's error."""
+
+from django.tasks.exceptions import InvalidTask
+
+from .states import InvalidTransition
+
+__all__ = [
+    "InvalidPayload",
+    "InvalidTask",
+    "InvalidTransition",
+    "JobTimeout",
+    "LostRace",
+    "WorkerInterrupted",
+    "WorkerLost",
+]
+
+
+class LostRace(Exception):
+    """A conditional write matched no row: another writer moved the job first."""
+
+
+class InvalidPayload(ValueError):
+    """Task arguments or a return value that cannot be stored as JSON."""
+
+
+# Recorded as the error of an attempt that failed without its task raising.
+class JobTimeout(Exception):
+    """The attempt ran past its task's timeout and was stopped."""
+
+
+class WorkerLost(Exception):
+    """The attempt's worker stopped heartbeating; the attempt was failed by another worker."""
+
+
+class WorkerInterrupted(BaseException):
+    """The worker was told to stop at once while the attempt was running.
+
+    A BaseException, like KeyboardInterrupt, so that a task's `except Exception` does not
+    swallow it.
+    """

@@ -1,0 +1,236 @@
+"""Reads and conditional writes of Job rows: the only code that writes a state.
+
+Every write names the state it expects (and, for a running attempt, the worker that owns
+it). When the row has moved on, the write matches zero rows, changes nothing and raises
+LostRace.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, models, router, transaction
+from django.db.models.functions import Now
+from django.utils import timezone
+
+from .conf import get_settings
+from .exceptions import InvalidPayload, LostRace
+from .states import LIVE_STATES, TERMINAL_STATES, FailureReason, State, check_transition
+
+if TYPE_CHECKING:
+    from .models import Job
+
+
+def encode_payload(value: Any, what: str) -> Any:
+    """Return `value` as it will read back from JSON, or raise InvalidPayload."""
+    try:
+        text = json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidPayload(
+            f"{what} must be JSON: {exc}. Use str, int, float, bool, None, and lists and "
+            f"dicts of them (pass a datetime as an ISO string, a model instance by its pk)."
+        ) from None
+    limit = get_settings().MAX_PAYLOAD_BYTES
+    if len(text.encode()) > limit:
+        raise InvalidPayload(
+            f"{what} take {len(text.encode()):,} bytes as JSON, more than "
+            f"JOBSTATE_MAX_PAYLOAD_BYTES ({limit:,}). Store large data elsewhere and pass its key."
+        )
+    return json.loads(text)
+
+
+def backoff_delay(backoff: float, attempt: int) -> float:
+    """Seconds to wait before attempt `attempt + 1`: exponential, jittered, capped."""
+    cap = get_settings().MAX_BACKOFF
+    return min(cap, backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+
+class JobQuerySet(models.QuerySet["Job"]):
+    def queued(self) -> JobQuerySet:
+        return self.filter(state=State.QUEUED)
+
+    def running(self) -> JobQuerySet:
+        return self.filter(state=State.RUNNING)
+
+    def live(self) -> JobQuerySet:
+        return self.filter(state__in=LIVE_STATES)
+
+    def terminal(self) -> JobQuerySet:
+        return self.filter(state__in=TERMINAL_STATES)
+
+    def runnable(self, queues: Iterable[str] | None = None) -> JobQuerySet:
+        qs = self.queued().filter(run_after__lte=Now())
+        return qs if queues is None else qs.filter(queue_name__in=list(queues))
+
+    def attempts_of(self, result_id: str | uuid.UUID) -> JobQuerySet:
+        return self.filter(result_id=result_id).order_by("attempt")
+
+
+class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
+    def enqueue(
+        self,
+        task_path: str,
+        args: Sequence[Any] = (),
+        kwargs: dict[str, Any] | None = None,
+        *,
+        queue_name: str = "default",
+        priority: int = 0,
+        run_after: datetime | None = None,
+        backend: str = "default",
+        max_attempts: int = 1,
+        backoff: float = 0,
+        timeout: float | None = None,
+    ) -> Job:
+        """Create the first attempt of a task, queued."""
+        now = timezone.now()
+        return self.create(
+            result_id=uuid.uuid4(),
+            task_path=task_path,
+            args=encode_payload(list(args), "Task arguments"),
+            kwargs=encode_payload(dict(kwargs or {}), "Task keyword arguments"),
+            queue_name=queue_name,
+            priority=priority,
+            run_after=run_after or now,
+            enqueued_at=now,
+            backend=backend,
+            max_attempts=max_attempts,
+            backoff=backoff,
+            timeout=timeout,
+        )
+
+    def claim(
+        self, worker_id: str, *, queues: Iterable[str] | None = None, limit: int = 1
+    ) -> list[Job]:
+        """Move up to `limit` runnable jobs to running for `worker_id`; return those won.
+
+        One UPDATE ... RETURNING statement, conditional on the rows still being queued, so
+        two callers can never win the same row. PostgreSQL picks candidates with
+        SKIP LOCKED, so concurrent claimers take different rows instead of waiting.
+        """
+        if not worker_id:
+            raise ValueError("claim() needs a worker_id.")
+        if limit < 1:
+            raise ValueError(f"claim() limit must be at least 1, not {limit}.")
+        check_transition(State.QUEUED, State.RUNNING)
+        queues = None if queues is None else list(queues)
+        if queues == []:
+            return []
+        db = router.db_for_write(self.model)
+        connection = connections[db]
+        qn = connection.ops.quote_name
+        table = qn(self.model._meta.db_table)
+        if connection.vendor == "postgresql":
+            now, lock = "STATEMENT_TIMESTAMP()", "FOR UPDATE SKIP LOCKED"
+        else:
+            now, lock = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')", ""
+        queue_sql, queue_params = "", []
+        if queues is not None:
+            queue_sql = f"AND {qn('queue_name')} IN ({', '.join(['%s'] * len(queues))})"
+            queue_params = queues
+        sql = f"""
+            UPDATE {table}
+            SET {qn("state")} = %s, {qn("worker_id")} = %s, {qn("started_at")} = {now}
+            WHERE {qn("id")} IN (
+                SELECT {qn("id")} FROM {table}
+                WHERE {qn("state")} = %s AND {qn("run_after")} <= {now} {queue_sql}
+                ORDER BY {qn("priority")} DESC, {qn("run_after")}, {qn("id")}
+                LIMIT %s {lock}
+            ) AND {qn("state")} = %s
+            RETURNING {qn("id")}
+        """
+        params = [State.RUNNING, worker_id, State.QUEUED, *queue_params, limit, State.QUEUED]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            ids = [row[0] for row in cursor.fetchall()]
+        if not ids:
+            return []
+        won = self.using(db).filter(pk__in=ids, state=State.RUNNING, worker_id=worker_id)
+        return list(won.order_by("-priority", "run_after", "id"))
+
+    def succeed(self, job: Job, return_value: Any) -> None:
+        """Record that `job`'s task returned `return_value`."""
+        self._transition(job, State.SUCCEEDED, finished_at=Now(), return_value=return_value)
+
+    def fail(
+        self,
+        job: Job,
+        reason: FailureReason,
+        *,
+        error_class: str = "",
+        error_message: str = "",
+        traceback: str = "",
+    ) -> Job | None:
+        """Fail `job` and, if its task allows another attempt, create it; return it."""
+        with transaction.atomic(using=job._state.db):
+            self._transition(
+                job,
+                State.FAILED,
+                finished_at=Now(),
+                failure_reason=reason,
+                error_class=error_class,
+                error_message=error_message,
+                traceback=traceback,
+            )
+            if job.attempt >= job.max_attempts:
+                return None
+            delay = backoff_delay(job.backoff, job.attempt)
+            return self.retry(job, run_after=timezone.now() + timedelta(seconds=delay))
+
+    def retry(self, job: Job, *, run_after: datetime | None = None) -> Job:
+        """Create the next attempt of a failed `job`; the failed row stays as it is."""
+        if job.state != State.FAILED:
+            raise LostRace(f"Only a failed attempt can be retried; job {job.pk} is {job.state}.")
+        now = timezone.now()
+        try:
+            with transaction.atomic(using=job._state.db):
+                return self.create(
+                    result_id=job.result_id,
+                    attempt=job.attempt + 1,
+                    previous=job,
+                    task_path=job.task_path,
+                    args=job.args,
+                    kwargs=job.kwargs,
+                    backend=job.backend,
+                    queue_name=job.queue_name,
+                    priority=job.priority,
+                    run_after=run_after or now,
+                    enqueued_at=now,
+                    max_attempts=job.max_attempts,
+                    backoff=job.backoff,
+                    timeout=job.timeout,
+                )
+        except IntegrityError:
+            raise LostRace(
+                f"Job {job.pk} already has a next attempt (or a live one): "
+                f"another writer retried it first."
+            ) from None
+
+    def cancel(self, job: Job) -> None:
+        """Delete `job` if it is still queued: a cancelled job never runs."""
+        deleted, _ = self.using(job._state.db).filter(pk=job.pk, state=State.QUEUED).delete()
+        if not deleted:
+            raise LostRace(f"Job {job.pk} is no longer queued; it was not cancelled.")
+
+    def _transition(self, job: Job, new: State, **values: Any) -> None:
+        """Move `job` to `new` if it is still where this process last saw it.
+
+        The write is conditional on the state (and, for running attempts, the worker);
+        on success `job` is refreshed from the row, on a lost race nothing changes.
+        """
+        check_transition(job.state, new)
+        fence: dict[str, Any] = {"pk": job.pk, "state": job.state}
+        if job.state == State.RUNNING:
+            fence["worker_id"] = job.worker_id
+        updated = self.using(job._state.db).filter(**fence).update(state=new, **values)
+        if updated != 1:
+            raise LostRace(
+                f"Job {job.pk} was no longer {job.state}"
+                + (f" for worker {job.worker_id}" if "worker_id" in fence else "")
+                + f" when moving it to {new}: another writer got there first. Nothing was changed."
+            )
+        job.refresh_from_db(fields=["state", *values])

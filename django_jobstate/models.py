@@ -1,0 +1,139 @@
+"""The Job table: one row per attempt of a task."""
+
+from datetime import timedelta
+
+from django.db import models
+from django.db.models import Q
+from django.utils.translation import gettext_lazy as _
+
+from .managers import JobManager
+from .states import LIVE_STATES, FailureReason, State
+
+_STARTED = Q(started_at__isnull=False, worker_id__isnull=False)
+_NOT_FAILED = Q(failure_reason="")
+
+
+class Job(models.Model):
+    """One attempt of one enqueued task; its next attempt, if any, is a new row."""
+
+    State = State
+    FailureReason = FailureReason
+
+    result_id = models.UUIDField(
+        _("result id"), editable=False, help_text=_("The TaskResult id, shared by every attempt.")
+    )
+    attempt = models.PositiveIntegerField(_("attempt"), default=1, editable=False)
+    previous = models.OneToOneField(
+        "self",
+        verbose_name=_("previous attempt"),
+        null=True,
+        blank=True,
+        editable=False,
+        on_delete=models.SET_NULL,
+        related_name="next_attempt",
+    )
+    task_path = models.CharField(_("task"), max_length=255, editable=False)
+    args = models.JSONField(_("args"), default=list, editable=False)
+    kwargs = models.JSONField(_("kwargs"), default=dict, editable=False)
+    backend = models.CharField(_("backend alias"), max_length=100, default="default")
+    queue_name = models.CharField(_("queue"), max_length=100, default="default")
+    priority = models.SmallIntegerField(_("priority"), default=0)
+    run_after = models.DateTimeField(_("run after"))
+    max_attempts = models.PositiveSmallIntegerField(_("max attempts"), default=1)
+    backoff = models.FloatField(_("backoff (s)"), default=0)
+    timeout = models.FloatField(_("timeout (s)"), null=True, blank=True)
+    state = models.CharField(
+        _("state"), max_length=16, choices=State.choices, default=State.QUEUED, editable=False
+    )
+    enqueued_at = models.DateTimeField(_("enqueued at"), editable=False)
+    started_at = models.DateTimeField(_("started at"), null=True, blank=True, editable=False)
+    finished_at = models.DateTimeField(_("finished at"), null=True, blank=True, editable=False)
+    # NULL, not "", means "no worker": the state constraints test it with IS NULL.
+    worker_id = models.CharField(  # noqa: DJ001
+        _("worker"), max_length=64, null=True, blank=True, editable=False
+    )
+    return_value = models.JSONField(_("return value"), null=True, blank=True, editable=False)
+    failure_reason = models.CharField(
+        _("failure reason"), max_length=16, choices=FailureReason.choices, blank=True, default=""
+    )
+    error_class = models.CharField(_("error class"), max_length=255, blank=True, default="")
+    error_message = models.TextField(_("error message"), blank=True, default="")
+    traceback = models.TextField(_("traceback"), blank=True, default="")
+
+    objects = JobManager()
+
+    class Meta:
+        verbose_name = _("job")
+        verbose_name_plural = _("jobs")
+        constraints = [
+            models.CheckConstraint(condition=Q(state__in=State.values), name="jobstate_job_state"),
+            models.CheckConstraint(
+                condition=Q(failure_reason__in=["", *FailureReason.values]),
+                name="jobstate_job_failure_reason",
+            ),
+            models.CheckConstraint(
+                condition=Q(priority__gte=-100, priority__lte=100), name="jobstate_job_priority"
+            ),
+            models.CheckConstraint(
+                condition=Q(attempt__gte=1, max_attempts__gte=1), name="jobstate_job_attempt"
+            ),
+            # The fields each state implies.
+            models.CheckConstraint(
+                condition=~Q(state=State.QUEUED)
+                | Q(started_at=None, finished_at=None, worker_id=None) & _NOT_FAILED,
+                name="jobstate_job_queued_fields",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=State.RUNNING) | _STARTED & Q(finished_at=None) & _NOT_FAILED,
+                name="jobstate_job_running_fields",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=State.SUCCEEDED)
+                | _STARTED & Q(finished_at__isnull=False) & _NOT_FAILED,
+                name="jobstate_job_succeeded_fields",
+            ),
+            models.CheckConstraint(
+                condition=~Q(state=State.FAILED)
+                | _STARTED & Q(finished_at__isnull=False) & ~_NOT_FAILED,
+                name="jobstate_job_failed_fields",
+            ),
+            models.UniqueConstraint(
+                fields=["result_id", "attempt"], name="jobstate_job_one_row_per_attempt"
+            ),
+            # Two workers or two reapers can never both create the next attempt.
+            models.UniqueConstraint(
+                fields=["result_id"],
+                condition=Q(state__in=sorted(LIVE_STATES)),
+                name="jobstate_job_one_live_attempt",
+            ),
+        ]
+        indexes = [
+            # The claim's candidates, in the claim's order; only queued rows are in it.
+            models.Index(
+                fields=["-priority", "run_after", "id"],
+                condition=Q(state=State.QUEUED),
+                name="jobstate_job_runnable",
+            ),
+            models.Index(
+                fields=["worker_id"], condition=Q(state=State.RUNNING), name="jobstate_job_running"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} #{self.pk} (attempt {self.attempt}, {self.state})"
+
+    @property
+    def task_name(self) -> str:
+        return self.task_path.rpartition(".")[2]
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.state not in LIVE_STATES
+
+    @property
+    def duration(self) -> timedelta | None:
+        if self.started_at is None:
+            return None
+        if self.finished_at is None:
+            return None
+        return self.finished_at - self.started_at

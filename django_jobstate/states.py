@@ -1,0 +1,62 @@
+"""The four states of a job attempt and the only moves between them.
+
+This module is the spec: every state write in the app checks its move here first.
+"""
+
+from django.db import models
+from django.utils.translation import gettext_lazy as _
+
+
+class State(models.TextChoices):
+    # In: enqueue() and a retry create the row here. Out: a worker's claim (running),
+    # or a cancel, which deletes the row while it is still queued.
+    QUEUED = "queued", _("Queued")
+    # In: claim. Out: the worker that claimed it records the outcome; a timeout, an
+    # interrupted worker or the reaper of a lost worker fails it.
+    RUNNING = "running", _("Running")
+    # In: the worker that owns the attempt, after the task returned. Out: never.
+    SUCCEEDED = "succeeded", _("Succeeded")
+    # In: the owning worker (the task raised, timed out or was interrupted) or the reaper
+    # (its worker was lost). Out: never; a retry is a new attempt row.
+    FAILED = "failed", _("Failed")
+
+
+class FailureReason(models.TextChoices):
+    ERROR = "error", _("The task raised an error")
+    TIMEOUT = "timeout", _("The task ran past its timeout")
+    LOST = "lost", _("Its worker stopped heartbeating")
+    INTERRUPTED = "interrupted", _("Its worker was stopped mid-attempt")
+
+
+TRANSITIONS: dict[State, frozenset[State]] = {
+    State.QUEUED: frozenset({State.RUNNING}),
+    State.RUNNING: frozenset({State.SUCCEEDED, State.FAILED}),
+    State.SUCCEEDED: frozenset(),
+    State.FAILED: frozenset(),
+}
+
+TERMINAL_STATES = frozenset(state for state, nexts in TRANSITIONS.items() if not nexts)
+LIVE_STATES = frozenset(State) - TERMINAL_STATES
+
+
+class InvalidTransition(Exception):
+    """A move that the state machine does not allow."""
+
+    def __init__(self, current: str, new: str) -> None:
+        self.current, self.new = State(current), State(new)
+        allowed = ", ".join(sorted(TRANSITIONS[self.current])) or "none (it is terminal)"
+        super().__init__(
+            f"A job cannot move from {self.current.value!r} to {self.new.value!r}; "
+            f"allowed next states: {allowed}."
+        )
+
+
+def check_transition(current: str, new: str) -> None:
+    """Raise InvalidTransition unless a job may move from `current` to `new`."""
+    try:
+        allowed = TRANSITIONS[State(current)]
+        new = State(new)
+    except ValueError as exc:
+        raise ValueError(f"Unknown job state: {exc}. Valid states: {', '.join(State)}.") from None
+    if new not in allowed:
+        raise InvalidTransition(current, new)

@@ -1,0 +1,94 @@
+"""Test settings: SQLite by default, PostgreSQL with JOBSTATE_TEST_DB=postgres.
+
+Worker subprocesses started by the tests use these settings too; they read the test
+database's name from JOBSTATE_TEST_DB_NAME, which the tests set for them.
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+SECRET_KEY = "tests-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_jobstate",
+    "tests",
+]
+
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+
+ROOT_URLCONF = "tests.urls"
+STATIC_URL = "static/"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DB = os.environ.get("JOBSTATE_TEST_DB", "sqlite")
+TEST_DB_NAME = os.environ.get("JOBSTATE_TEST_DB_NAME")  # set for worker subprocesses
+
+if DB == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": TEST_DB_NAME or os.environ.get("PGDATABASE", "jobstate"),
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+            "USER": os.environ.get("PGUSER", "jobstate"),
+            "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        }
+    }
+elif DB == "sqlite":
+    # A file, not :memory:, so that worker subprocesses share the test database.
+    sqlite_path = Path(tempfile.gettempdir()) / f"jobstate-tests-{os.getuid()}.sqlite3"
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": TEST_DB_NAME or sqlite_path,
+            "TEST": {"NAME": sqlite_path},
+        }
+    }
+else:
+    raise RuntimeError(f"JOBSTATE_TEST_DB must be 'sqlite' or 'postgres', not {DB!r}")
+
+TASKS = {
+    "default": {
+        "BACKEND": "django_jobstate.backend.JobStateBackend",
+        "QUEUES": ["default", "emails", "reports"],
+    }
+}
+
+JOBSTATE_POLL_INTERVAL = 0.05
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"django_jobstate": {"handlers": ["console"], "level": "INFO"}},
+}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

@@ -1,0 +1,36 @@
+"""Tasks the tests enqueue. Each one that runs records itself in the Execution table."""
+
+from django.tasks import TaskContext, task
+
+from tests.models import Execution
+
+
+@task
+def record(label: str) -> str:
+    """Record one execution and return the label."""
+    Execution.objects.create(label=label)
+    return label
+
+
+@task(queue_name="emails")
+def email(address: str) -> dict[str, str]:
+    return {"to": address}
+
+
+@task
+def boom(message: str = "boom") -> None:
+    raise ValueError(message)
+
+
+@task(takes_context=True)
+def attempt_number(context: TaskContext) -> int:
+    return context.attempt
+
+
+@task
+def returns_set() -> object:
+    return {1, 2}
+
+
+def not_a_task() -> None:
+    raise AssertionError("a plain function must never run as a job")
