@@ -65,7 +65,8 @@ if DB == "postgres":
     }
 elif DB == "sqlite":
     # A file, not :memory:, so that worker subprocesses share the test database.
-    sqlite_path = Path(tempfile.gettempdir()) / f"jobstate-tests-{os.getuid()}.sqlite3"
+    # One file per test run (pid), so that concurrent runs never share it.
+    sqlite_path = Path(tempfile.gettempdir()) / f"jobstate-tests-{os.getpid()}.sqlite3"
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",

@@ -1,5 +1,7 @@
 """Tasks the tests enqueue. Each one that runs records itself in the Execution table."""
 
+import time
+
 from django.tasks import TaskContext, task
 
 from tests.models import Execution
@@ -34,3 +36,11 @@ def returns_set() -> object:
 
 def not_a_task() -> None:
     raise AssertionError("a plain function must never run as a job")
+
+
+@task
+def sleep_then_record(label: str, seconds: float) -> str:
+    """Sleep (a job that is mid-flight long enough to signal its worker), then record."""
+    time.sleep(seconds)
+    Execution.objects.create(label=label)
+    return label

@@ -1,0 +1,53 @@
+"""Real processes race to claim the same jobs: each job must be won exactly once."""
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+
+from django_jobstate.models import Job
+from django_jobstate.states import State
+from tests.conftest import ROOT, subprocess_env
+from tests.factories import JobFactory
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+CLAIMERS = 4
+JOBS = 300
+
+
+def race(limit: int) -> list[list[int]]:
+    start_at = time.time() + 2.0
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.claimer", f"claimer-{n}", str(limit), str(start_at)],
+            cwd=ROOT,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in range(CLAIMERS)
+    ]
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * CLAIMERS
+    return [json.loads(out) for out in outputs]
+
+
+@pytest.mark.parametrize("limit", [1, 7])
+@pytest.mark.parametrize("round_", range(3))
+def test_concurrent_claimers_never_share_a_job(limit, round_):
+    jobs = JobFactory.create_batch(JOBS)
+    won = race(limit)
+
+    counts = Counter(pk for ids in won for pk in ids)
+    assert sorted(counts) == sorted(job.pk for job in jobs), "a job was lost or invented"
+    assert max(counts.values()) == 1, "a job was claimed twice"
+    assert sum(1 for ids in won if ids) > 1, "no race happened: only one claimer won jobs"
+    # Each row names the one claimer that won it.
+    owner = {pk: f"claimer-{n}" for n, ids in enumerate(won) for pk in ids}
+    rows = Job.objects.values_list("pk", "state", "worker_id")
+    assert {pk: worker for pk, _, worker in rows} == owner
+    assert {state for _, state, _ in rows} == {State.RUNNING}

@@ -1,0 +1,137 @@
+"""The conditional writes: each move is checked, and a write that lost the race changes nothing."""
+
+import itertools
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from django_jobstate.exceptions import LostRace
+from django_jobstate.models import Job
+from django_jobstate.states import TRANSITIONS, FailureReason, InvalidTransition, State
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+WRITES = {
+    State.SUCCEEDED: lambda job: Job.objects.succeed(job, "ok"),
+    State.FAILED: lambda job: Job.objects.fail(job, FailureReason.ERROR, error_message="x"),
+}
+
+
+def snapshot(job):
+    return Job.objects.filter(pk=job.pk).values().get()
+
+
+@pytest.mark.parametrize(("current", "new"), list(itertools.product(State, WRITES)))
+def test_outcome_writes_follow_the_table(current, new):
+    job = JobFactory.in_state(current)
+    before = snapshot(job)
+    if new in TRANSITIONS[current]:
+        WRITES[new](job)
+        assert Job.objects.get(pk=job.pk).state == new
+        assert job.state == new
+        assert job.finished_at is not None
+    else:
+        with pytest.raises(InvalidTransition):
+            WRITES[new](job)
+        assert snapshot(job) == before
+
+
+@pytest.mark.parametrize("current", list(State))
+def test_only_a_queued_job_can_be_claimed(current):
+    job = JobFactory.in_state(current)
+    before = snapshot(job)
+    claimed = Job.objects.claim("w1")
+    if current == State.QUEUED:
+        assert [j.pk for j in claimed] == [job.pk]
+        assert (claimed[0].state, claimed[0].worker_id) == (State.RUNNING, "w1")
+        assert claimed[0].started_at is not None
+    else:
+        assert claimed == []
+        assert snapshot(job) == before
+
+
+@pytest.mark.parametrize("new", list(WRITES))
+@pytest.mark.parametrize("moved_to", [State.SUCCEEDED, State.FAILED])
+def test_write_that_expects_the_wrong_state_changes_nothing(new, moved_to):
+    job = JobFactory(running=True)
+    stale = Job.objects.get(pk=job.pk)
+    WRITES[moved_to](job)  # another writer gets there first
+    before = snapshot(job)
+    with pytest.raises(LostRace, match="another writer got there first"):
+        WRITES[new](stale)
+    assert snapshot(job) == before
+    assert not Job.objects.filter(result_id=job.result_id, attempt=2).exists()
+
+
+def test_write_for_another_workers_attempt_changes_nothing():
+    job = JobFactory(running=True, worker_id="w1")
+    impostor = Job.objects.get(pk=job.pk)
+    impostor.worker_id = "w2"
+    with pytest.raises(LostRace, match="for worker w2"):
+        Job.objects.succeed(impostor, "mine")
+    assert snapshot(job)["state"] == State.RUNNING
+
+
+def test_claim_takes_priority_then_age_and_respects_limit_queues_and_run_after():
+    now = timezone.now()
+    old_low = JobFactory(priority=0, run_after=now - timedelta(minutes=5))
+    new_low = JobFactory(priority=0, run_after=now - timedelta(minutes=1))
+    high = JobFactory(priority=50)
+    JobFactory(priority=100, run_after=now + timedelta(hours=1))  # not yet runnable
+    other_queue = JobFactory(priority=90, queue_name="emails")
+
+    assert Job.objects.claim("w", queues=["default"], limit=2) == [high, old_low]
+    assert Job.objects.claim("w", queues=["default"], limit=5) == [new_low]
+    assert Job.objects.claim("w", queues=[]) == []
+    assert Job.objects.claim("w") == [other_queue]
+    assert Job.objects.claim("w") == []
+    assert Job.objects.queued().count() == 1
+
+
+@pytest.mark.parametrize(("worker_id", "limit"), [("", 1), ("w", 0), ("w", -3)])
+def test_claim_rejects_bad_arguments(worker_id, limit):
+    JobFactory()
+    with pytest.raises(ValueError, match="claim"):
+        Job.objects.claim(worker_id, limit=limit)
+    assert Job.objects.queued().count() == 1
+
+
+def test_fail_creates_the_next_attempt_in_the_same_transaction():
+    job = JobFactory(running=True, max_attempts=3, backoff=10)
+    before = timezone.now()
+    retry = Job.objects.fail(job, FailureReason.ERROR, error_class="builtins.ValueError")
+    assert retry is not None
+    assert (retry.state, retry.attempt, retry.previous_id) == (State.QUEUED, 2, job.pk)
+    assert retry.result_id == job.result_id
+    # Backoff for the second attempt: 10 s, jittered down to no less than half.
+    earliest, latest = before + timedelta(seconds=5), timezone.now() + timedelta(seconds=10)
+    assert earliest <= retry.run_after <= latest
+    assert Job.objects.get(pk=job.pk).state == State.FAILED
+
+
+def test_last_attempt_fails_for_good():
+    job = JobFactory(running=True, attempt=2, max_attempts=2)
+    assert Job.objects.fail(job, FailureReason.ERROR) is None
+    assert Job.objects.filter(result_id=job.result_id).count() == 1
+
+
+def test_a_failed_attempt_is_retried_once():
+    job = JobFactory(failed=True)
+    retry = Job.objects.retry(job)
+    assert retry.attempt == 2
+    with pytest.raises(LostRace, match="already has a next attempt"):
+        Job.objects.retry(job)
+    assert Job.objects.filter(result_id=job.result_id).count() == 2
+    with pytest.raises(LostRace, match="Only a failed attempt"):
+        Job.objects.retry(retry)
+
+
+def test_cancel_deletes_only_while_queued():
+    queued, running = JobFactory(), JobFactory(running=True)
+    Job.objects.cancel(queued)
+    assert not Job.objects.filter(pk=queued.pk).exists()
+    with pytest.raises(LostRace, match="no longer queued"):
+        Job.objects.cancel(running)
+    assert Job.objects.filter(pk=running.pk, state=State.RUNNING).exists()

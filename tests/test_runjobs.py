@@ -1,0 +1,110 @@
+"""`manage.py runjobs` as a real process: run, stop gracefully, stop at once, bad arguments."""
+
+import signal
+import time
+
+import pytest
+from django.tasks import TaskResultStatus
+
+from django_jobstate.models import Job
+from django_jobstate.states import FailureReason, State
+from tests import tasks
+from tests.models import Execution
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def wait_for(predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out waiting"
+        time.sleep(0.05)
+
+
+def test_enqueue_run_and_read_back_the_results(runjobs):
+    ok = tasks.record.enqueue("hello")
+    bad = tasks.boom.enqueue("no luck")
+    mail = tasks.email.enqueue("ada@example.com")
+
+    done = runjobs.run("--burst")
+
+    assert done.returncode == 0, done.stdout
+    assert ok.task.get_result(ok.id).status == TaskResultStatus.SUCCESSFUL
+    assert tasks.record.get_result(ok.id).return_value == "hello"
+    assert tasks.email.get_result(mail.id).return_value == {"to": "ada@example.com"}
+    failed = tasks.boom.get_result(bad.id)
+    assert failed.status == TaskResultStatus.FAILED
+    assert failed.errors[0].exception_class is ValueError
+    assert "no luck" in failed.errors[0].traceback
+    assert list(Execution.objects.values_list("label", flat=True)) == ["hello"]
+    assert not Job.objects.live().exists()
+
+
+def test_queue_option_runs_only_those_queues(runjobs):
+    mail = tasks.email.enqueue("ada@example.com")
+    other = tasks.record.enqueue("default queue")
+
+    assert runjobs.run("--burst", "--queue", "emails").returncode == 0
+
+    assert tasks.email.get_result(mail.id).status == TaskResultStatus.SUCCESSFUL
+    assert tasks.record.get_result(other.id).status == TaskResultStatus.READY
+
+
+def test_max_jobs_stops_after_that_many(runjobs):
+    for n in range(3):
+        tasks.record.enqueue(f"job {n}")
+    assert runjobs.run("--max-jobs", "2").returncode == 0
+    assert Execution.objects.count() == 2
+    assert Job.objects.queued().count() == 1
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_finishes_the_job_in_hand_then_exits(runjobs, signum):
+    slow = tasks.sleep_then_record.enqueue("slow", 1.5)
+    proc = runjobs.start("--poll-interval", "0.05")
+    wait_for(lambda: Job.objects.running().exists())
+    tasks.record.enqueue("must wait for the next worker")
+
+    proc.send_signal(signum)
+    out, _ = proc.communicate(timeout=30)
+
+    assert proc.returncode == 0, out
+    assert tasks.sleep_then_record.get_result(slow.id).status == TaskResultStatus.SUCCESSFUL
+    assert list(Execution.objects.values_list("label", flat=True)) == ["slow"]
+    assert Job.objects.queued().count() == 1
+
+
+def test_a_second_signal_stops_at_once_and_fails_the_attempt_as_interrupted(runjobs):
+    slow = tasks.sleep_then_record.enqueue("never", 60)
+    proc = runjobs.start("--poll-interval", "0.05")
+    wait_for(lambda: Job.objects.running().exists())
+
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    out, _ = proc.communicate(timeout=10)
+
+    assert proc.returncode == 0, out
+    job = Job.objects.get(result_id=slow.id)
+    assert (job.state, job.failure_reason) == (State.FAILED, FailureReason.INTERRUPTED)
+    assert job.error_class == "django_jobstate.exceptions.WorkerInterrupted"
+    assert not Job.objects.running().exists()
+    assert not Execution.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--max-jobs", "0"], "must be at least 1"),
+        (["--max-jobs", "many"], "is not a whole number"),
+        (["--poll-interval", "-1"], "must be a positive number of seconds"),
+        (["--poll-interval", "soon"], "is not a number of seconds"),
+        (["--queue", ""], "a queue name cannot be empty"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_clear_message(runjobs, args, message):
+    tasks.record.enqueue("untouched")
+    done = runjobs.run(*args)
+    assert done.returncode == 2
+    assert message in done.stdout
+    assert Job.objects.queued().count() == 1

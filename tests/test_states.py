@@ -1,0 +1,47 @@
+import itertools
+
+import pytest
+
+from django_jobstate.states import (
+    LIVE_STATES,
+    TERMINAL_STATES,
+    TRANSITIONS,
+    InvalidTransition,
+    State,
+    check_transition,
+)
+
+ALLOWED = {
+    (State.QUEUED, State.RUNNING),
+    (State.RUNNING, State.SUCCEEDED),
+    (State.RUNNING, State.FAILED),
+}
+PAIRS = list(itertools.product(State, State))
+
+
+def test_the_table_is_the_spec():
+    assert {(a, b) for a, nexts in TRANSITIONS.items() for b in nexts} == ALLOWED
+    assert set(TRANSITIONS) == set(State)
+    assert {State.SUCCEEDED, State.FAILED} == TERMINAL_STATES
+    assert {State.QUEUED, State.RUNNING} == LIVE_STATES
+
+
+@pytest.mark.parametrize(("current", "new"), sorted(ALLOWED))
+def test_allowed_moves_pass(current, new):
+    check_transition(current, new)
+    check_transition(current.value, new.value)  # raw values from a row work too
+
+
+@pytest.mark.parametrize(("current", "new"), [p for p in PAIRS if p not in ALLOWED])
+def test_every_other_move_raises_naming_both_states(current, new):
+    with pytest.raises(InvalidTransition) as excinfo:
+        check_transition(current, new)
+    assert f"'{current.value}'" in str(excinfo.value)
+    assert f"'{new.value}'" in str(excinfo.value)
+    assert (excinfo.value.current, excinfo.value.new) == (current, new)
+
+
+@pytest.mark.parametrize(("current", "new"), [("queued", "paused"), ("done", "failed")])
+def test_unknown_states_are_rejected_clearly(current, new):
+    with pytest.raises(ValueError, match="Unknown job state"):
+        check_transition(current, new)
