@@ -132,18 +132,21 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         if queues is not None:
             queue_sql = f"AND {qn('queue_name')} IN ({', '.join(['%s'] * len(queues))})"
             queue_params = queues
+        # The candidates are picked once, in a materialized CTE: as a plain IN (subquery),
+        # PostgreSQL may rescan the subquery while updating and claim more than `limit`.
         sql = f"""
-            UPDATE {table}
-            SET {qn("state")} = %s, {qn("worker_id")} = %s, {qn("started_at")} = {now}
-            WHERE {qn("id")} IN (
+            WITH picked AS MATERIALIZED (
                 SELECT {qn("id")} FROM {table}
                 WHERE {qn("state")} = %s AND {qn("run_after")} <= {now} {queue_sql}
                 ORDER BY {qn("priority")} DESC, {qn("run_after")}, {qn("id")}
                 LIMIT %s {lock}
-            ) AND {qn("state")} = %s
+            )
+            UPDATE {table}
+            SET {qn("state")} = %s, {qn("worker_id")} = %s, {qn("started_at")} = {now}
+            WHERE {qn("id")} IN (SELECT {qn("id")} FROM picked) AND {qn("state")} = %s
             RETURNING {qn("id")}
         """
-        params = [State.RUNNING, worker_id, State.QUEUED, *queue_params, limit, State.QUEUED]
+        params = [State.QUEUED, *queue_params, limit, State.RUNNING, worker_id, State.QUEUED]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             ids = [row[0] for row in cursor.fetchall()]

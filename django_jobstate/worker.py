@@ -11,7 +11,7 @@ import traceback
 import uuid
 from collections.abc import Iterable
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError, close_old_connections, connection
 from django.tasks import TaskContext
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_finished, task_started
@@ -96,7 +96,8 @@ class Worker:
         return self.max_jobs is not None and self.jobs_done >= self.max_jobs
 
     def _claim_one(self) -> Job | None:
-        close_old_connections()
+        if not connection.in_atomic_block:  # a long-lived worker drops broken connections
+            close_old_connections()
         try:
             jobs = Job.objects.claim(self.worker_id, queues=self.queues, limit=1)
         except DatabaseError:

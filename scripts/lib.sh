@@ -1,0 +1,399 @@
+# shellcheck shell=bash
+# Helpers shared by scripts/test, scripts/demo, scripts/pg and .ci/run.
+# Source it; it defines functions only (plus JOBSTATE_ROOT) and runs nothing.
+#
+# Every function checks its own errors and returns non-zero, instead of relying
+# on `set -e`: bash ignores errexit inside functions called from `if`, `||`
+# or `&&`, which is exactly how the callers use them.
+
+JOBSTATE_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+_log() { printf '%s\n' "$*" >&2; }
+_err() { printf 'error: %s\n' "$*" >&2; }
+
+# Sort paths so the highest version comes first. Plain `sort -r` where
+# `sort -V` is missing (macOS): that only misorders patch releases; without
+# sort at all, reverse glob order (same caveat).
+_sort_versions_desc() {
+    local -a lines=()
+    local i
+    if sort -V </dev/null >/dev/null 2>&1; then
+        sort -r -V
+    elif command -v sort >/dev/null 2>&1; then
+        sort -r
+    else
+        while IFS= read -r i; do lines+=("$i"); done
+        for ((i = ${#lines[@]} - 1; i >= 0; i--)); do echo "${lines[i]}"; done
+    fi
+}
+
+_sha256() {
+    if command -v sha256sum >/dev/null 2>&1; then
+        sha256sum | cut -d' ' -f1
+    else
+        shasum -a 256 | cut -d' ' -f1
+    fi
+}
+
+_python_ok() {
+    "$1" -c 'import sys; sys.exit(sys.version_info < (3, 12))' >/dev/null 2>&1
+}
+
+_python_version() {
+    "$1" -c 'import sys; print("%d.%d.%d" % sys.version_info[:3])' 2>/dev/null ||
+        echo "not runnable"
+}
+
+# Print the path of a Python >= 3.12 (Django 6 needs it).
+find_python() {
+    local p name root seen=$'\n' found="" tried=""
+    local -a candidates=()
+
+    if [[ -n ${JOBSTATE_PYTHON:-} ]]; then
+        candidates+=("$JOBSTATE_PYTHON")
+    fi
+    for name in python3.14 python3.13 python3.12 python3; do
+        if p=$(command -v "$name" 2>/dev/null); then
+            candidates+=("$p")
+        fi
+    done
+    # pyenv installs work even when pyenv is not on PATH or its shims point
+    # at an older global version; newest first.
+    local -a roots=()
+    if command -v pyenv >/dev/null 2>&1 && root=$(pyenv root 2>/dev/null); then
+        roots+=("$root")
+    fi
+    roots+=("${PYENV_ROOT:-$HOME/.pyenv}")
+    if [[ ${PYENV_ROOT:-$HOME/.pyenv} != "$HOME/.pyenv" ]]; then roots+=("$HOME/.pyenv"); fi
+    for root in "${roots[@]}"; do
+        while IFS= read -r p; do
+            [[ -n $p ]] && candidates+=("$p")
+        done < <(compgen -G "$root/versions/3.1[2-9]*/bin/python" | _sort_versions_desc)
+    done
+    while IFS= read -r p; do
+        [[ $p =~ /python3(\.[0-9]+)?$ ]] && candidates+=("$p")
+    done < <(compgen -G '/usr/bin/python3*' | _sort_versions_desc)
+
+    for p in ${candidates[@]+"${candidates[@]}"}; do
+        case $seen in *$'\n'"$p"$'\n'*) continue ;; esac
+        seen+="$p"$'\n'
+        if _python_ok "$p"; then
+            found=$p
+            break
+        fi
+        tried+="    $p ($(_python_version "$p"))"$'\n'
+        if [[ $p == "${JOBSTATE_PYTHON:-}" ]]; then
+            _log "warning: JOBSTATE_PYTHON=$p is not Python >= 3.12; looking elsewhere."
+        fi
+    done
+
+    if [[ -n $found ]]; then
+        # The real interpreter, not a pyenv shim that may change meaning later.
+        "$found" -c 'import sys; print(sys.executable or sys.argv[0])' 2>/dev/null || echo "$found"
+        return 0
+    fi
+
+    {
+        echo "django-jobstate needs Python 3.12 or newer (Django 6 requires it)."
+        echo "Found none: tried"
+        if [[ -n $tried ]]; then printf '%s' "$tried"; else echo "    (no python found at all)"; fi
+        echo "  (looked for \$JOBSTATE_PYTHON, python3.14 python3.13 python3.12 python3 on PATH,"
+        echo "   pyenv versions 3.12+ under ${roots[*]}, and /usr/bin/python3*)"
+        echo "Install one (e.g. \`pyenv install 3.12\`, \`apt-get install python3.12\`)" \
+            "or set JOBSTATE_PYTHON=/path/to/python3.12."
+    } >&2
+    return 1
+}
+
+# ensure_venv [GROUP...]: make $JOBSTATE_ROOT/.venv with the package installed
+# editable plus the given PEP 735 dependency groups, then activate it (PATH).
+# Re-runs are fast: a stamp records which groups were installed for the
+# current pyproject.toml, so nothing is reinstalled until pyproject changes.
+# Delete .venv/.jobstate-stamp to force a reinstall.
+ensure_venv() {
+    local venv="$JOBSTATE_ROOT/.venv" py pyhash g missing="" stamp
+    stamp="$venv/.jobstate-stamp"
+
+    if [[ ! -f $JOBSTATE_ROOT/pyproject.toml ]]; then
+        _err "$JOBSTATE_ROOT/pyproject.toml not found"
+        return 1
+    fi
+    if [[ ! -x $venv/bin/python ]] || ! _python_ok "$venv/bin/python"; then
+        py=$(find_python) || return 1
+        if [[ -e $venv ]]; then
+            _log "Recreating $venv: its Python is missing or older than 3.12."
+            rm -rf "$venv" || return 1
+        fi
+        _log "Creating $venv with $py ($(_python_version "$py"))"
+        "$py" -m venv "$venv" || return 1
+    fi
+
+    pyhash=$(_sha256 <"$JOBSTATE_ROOT/pyproject.toml") || return 1
+    # Stamp format: line 1 = "pyproject <sha256>", then one "group <name>" line
+    # per installed group ("group" alone = just the package).
+    if [[ -f $stamp && $(head -n1 "$stamp") == "pyproject $pyhash" ]]; then
+        for g in "" "$@"; do
+            grep -qxF "group${g:+ $g}" "$stamp" || missing+=" $g"
+        done
+    else
+        missing="all"
+    fi
+
+    if [[ -n $missing ]]; then
+        local -a args=(-e "$JOBSTATE_ROOT")
+        for g in "$@"; do args+=(--group "$g"); done
+        _log "Installing django-jobstate (editable)${*:+ with groups: $*} into .venv"
+        # --group (PEP 735) needs pip >= 25.1.
+        "$venv/bin/python" -m pip install -q -U pip || return 1
+        (cd "$JOBSTATE_ROOT" && "$venv/bin/python" -m pip install -q "${args[@]}") || return 1
+        if [[ $missing == all ]]; then
+            echo "pyproject $pyhash" >"$stamp" || return 1
+        fi
+        for g in "" "$@"; do
+            grep -qxF "group${g:+ $g}" "$stamp" || echo "group${g:+ $g}" >>"$stamp" || return 1
+        done
+    fi
+
+    export VIRTUAL_ENV="$venv"
+    export PATH="$venv/bin:$PATH"
+    unset PYTHONHOME
+    hash -r
+}
+
+# ---------------------------------------------------------------- PostgreSQL
+
+# Print the bin dir of a PostgreSQL server install (initdb, pg_ctl, postgres).
+pg_bindir() {
+    local p d
+    if p=$(command -v pg_ctl 2>/dev/null) &&
+        command -v initdb >/dev/null 2>&1 && command -v postgres >/dev/null 2>&1; then
+        # Resolve symlinks (/usr/local/bin/pg_ctl -> /usr/lib/postgresql/15/bin)
+        # so we also find pg_isready/createdb of the same version next to it.
+        d=$(dirname "$(readlink -f "$p" 2>/dev/null || echo "$p")")
+        echo "$d"
+        return 0
+    fi
+    while IFS= read -r d; do
+        if [[ -x $d/initdb && -x $d/pg_ctl && -x $d/postgres ]]; then
+            echo "$d"
+            return 0
+        fi
+    done < <(compgen -G '/usr/lib/postgresql/*/bin' | _sort_versions_desc)
+    return 1
+}
+
+# apt_install PKG...: non-interactive apt-get install (root only), running
+# `apt-get update` at most once per process.
+apt_install() {
+    local rc=0 conf=/etc/postgresql-common/createcluster.d/zz-jobstate-no-main-cluster.conf
+    if [[ $EUID -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
+        _err "cannot install $* (need root and apt-get)"
+        return 1
+    fi
+    # Wait for another apt/dpkg (e.g. unattended-upgrades) instead of failing.
+    local -a apt=(apt-get -o DPkg::Lock::Timeout=300)
+    if [[ -z ${_JOBSTATE_APT_UPDATED:-} ]]; then
+        "${apt[@]}" update -qq || return 1
+        _JOBSTATE_APT_UPDATED=1
+    fi
+    # The postgresql package would otherwise create (and in containers start)
+    # a "main" cluster on port 5432; we only want the binaries. Removed again
+    # right after, so later installs on this machine behave normally.
+    if [[ " $* " == *" postgresql"* ]]; then
+        mkdir -p "${conf%/*}" && echo 'create_main_cluster = false' >"$conf"
+    fi
+    DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "$@" ||
+        rc=$?
+    rm -f "$conf"
+    return "$rc"
+}
+
+_pg_port_in_use() {
+    if command -v ss >/dev/null 2>&1; then
+        ss -ltn "sport = :$1" 2>/dev/null | tail -n +2 | grep -q .
+    else
+        (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
+    fi
+}
+
+# _pg_as_owner OWNER CMD...: run CMD as the cluster owner ("" = ourselves),
+# from the cluster dir (the owner can't necessarily read our cwd, and
+# postgres tools fail when they can't resolve it).
+_pg_as_owner() {
+    local owner=$1
+    shift
+    (
+        cd "$JOBSTATE_PG_DIR" || exit 1
+        if [[ -z $owner ]]; then
+            "$@"
+        elif command -v runuser >/dev/null 2>&1; then
+            runuser -u "$owner" -- "$@"
+        else
+            su -s /bin/bash "$owner" -c "$(printf '%q ' "$@")"
+        fi
+    )
+}
+
+# pg_start: start a throwaway PostgreSQL cluster in a temp dir and export
+# PGHOST PGPORT PGUSER PGDATABASE JOBSTATE_PG_DIR JOBSTATE_PG_CTL JOBSTATE_PG_LOG.
+# Callers must `trap pg_stop EXIT` *before* calling it, so a half-started
+# cluster is cleaned up too.
+pg_start() {
+    local bindir owner="" tmp port attempt locale_opt=(--no-locale) i
+    if ! bindir=$(pg_bindir); then
+        if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+            _log "PostgreSQL server not found; installing it with apt-get."
+            apt_install postgresql || return 1
+        fi
+        if ! bindir=$(pg_bindir); then
+            _err "PostgreSQL server binaries (initdb, pg_ctl, postgres) not found on PATH" \
+                "or in /usr/lib/postgresql/*/bin. Install PostgreSQL (e.g." \
+                "\`sudo apt-get install postgresql\`, \`brew install postgresql@15\`)" \
+                "and/or put its bin directory on PATH."
+            return 1
+        fi
+    fi
+
+    # postgres refuses to run as root.
+    if [[ $EUID -eq 0 ]]; then
+        if id -u postgres >/dev/null 2>&1; then owner=postgres; else owner=nobody; fi
+    fi
+
+    tmp=$(mktemp -d /tmp/jobstate-pg.XXXXXX) || return 1
+    # Marker: pg_stop only ever deletes directories that have it.
+    : >"$tmp/.jobstate-pg" || return 1
+    export JOBSTATE_PG_DIR="$tmp"
+    if [[ -n $owner ]]; then
+        chown "$owner:" "$tmp" || return 1
+    fi
+
+    # UTF-8 ctype where available (upper()/ILIKE on non-ASCII text), else C.
+    if locale -a 2>/dev/null | grep -qixE 'c\.utf-?8'; then
+        locale_opt=(--locale=C.UTF-8)
+    fi
+    _log "Starting throwaway PostgreSQL ($("$bindir/postgres" --version 2>/dev/null)) in $tmp${owner:+ as user $owner}"
+    if ! _pg_as_owner "$owner" "$bindir/initdb" -D "$tmp/data" --auth=trust \
+        --username=jobstate --encoding=UTF8 "${locale_opt[@]}" --no-sync \
+        >"$tmp/initdb.log" 2>&1; then
+        _err "initdb failed:"
+        cat "$tmp/initdb.log" >&2
+        return 1
+    fi
+
+    {
+        echo "# Added by scripts/lib.sh pg_start"
+        echo "listen_addresses = '127.0.0.1'"
+        echo "unix_socket_directories = '$tmp'"
+        echo "max_connections = 200"
+        if [[ ${PG_DURABLE:-} != 1 ]]; then
+            # A throwaway test database needs no crash safety; this is much faster.
+            echo "fsync = off"
+            echo "synchronous_commit = off"
+            echo "full_page_writes = off"
+        fi
+    } >>"$tmp/data/postgresql.conf" || return 1
+
+    # Wrapper so tests can stop/start/restart the server as the right user:
+    #   "$JOBSTATE_PG_CTL" restart -m fast -w
+    cat >"$tmp/pg_ctl.sh" <<EOF || return 1
+#!/usr/bin/env bash
+# Generated by scripts/lib.sh pg_start: runs pg_ctl on the throwaway cluster
+# in $tmp as its owner. Usage: "\$JOBSTATE_PG_CTL" restart -m fast -w | stop | start -w
+set -euo pipefail
+cd $(printf '%q' "$tmp")
+cmd=($(printf '%q' "$bindir/pg_ctl") -D $(printf '%q' "$tmp/data") -l $(printf '%q' "$tmp/server.log") "\$@")
+owner=$(printf '%q' "$owner")
+if [[ -z \$owner || \$EUID -ne 0 ]]; then
+    exec "\${cmd[@]}"
+elif command -v runuser >/dev/null 2>&1; then
+    exec runuser -u "\$owner" -- "\${cmd[@]}"
+else
+    exec su -s /bin/bash "\$owner" -c "\$(printf '%q ' "\${cmd[@]}")"
+fi
+EOF
+    chmod 755 "$tmp/pg_ctl.sh" || return 1
+    export JOBSTATE_PG_CTL="$tmp/pg_ctl.sh"
+    export JOBSTATE_PG_LOG="$tmp/server.log"
+
+    # Free port from 55432 up. Parallel runs can race for the same port, so a
+    # "could not bind" failure just moves on to the next one.
+    port=55432
+    for attempt in 1 2 3 4 5; do
+        while _pg_port_in_use "$port"; do
+            port=$((port + 1))
+            if ((port > 55632)); then
+                _err "no free TCP port in 55432-55632 on 127.0.0.1"
+                return 1
+            fi
+        done
+        echo "port = $port" >>"$tmp/data/postgresql.conf" || return 1
+        # Keep only this attempt's messages (truncating keeps the owner's file).
+        if [[ -f $tmp/server.log ]]; then : >"$tmp/server.log"; fi
+        if "$JOBSTATE_PG_CTL" start -w -t 30 >"$tmp/pg_ctl.out" 2>&1; then
+            break
+        fi
+        if ((attempt < 5)) && grep -qE 'could not bind|Address already in use' "$tmp/server.log" 2>/dev/null; then
+            _log "Port $port was taken meanwhile; retrying on the next one."
+            "$JOBSTATE_PG_CTL" stop -m immediate >/dev/null 2>&1 || true
+            port=$((port + 1))
+            continue
+        fi
+        _err "PostgreSQL did not start. pg_ctl said:"
+        cat "$tmp/pg_ctl.out" >&2 2>/dev/null || true
+        _log "Server log ($tmp/server.log):"
+        cat "$tmp/server.log" >&2 2>/dev/null || true
+        return 1
+    done
+
+    export PGHOST=127.0.0.1 PGPORT="$port" PGUSER=jobstate PGDATABASE=jobstate
+    # pg_ctl -w has already waited; this double-checks that TCP connections work.
+    for ((i = 0; i < 60; i++)); do
+        if "$bindir/pg_isready" -q -h "$PGHOST" -p "$PGPORT" 2>/dev/null; then
+            break
+        fi
+        if ((i == 59)); then
+            _err "PostgreSQL not accepting connections on $PGHOST:$PGPORT after 30 s. Server log:"
+            cat "$tmp/server.log" >&2 2>/dev/null || true
+            return 1
+        fi
+        sleep 0.5
+    done
+
+    if ! "$bindir/createdb" -h "$PGHOST" -p "$PGPORT" -U jobstate jobstate; then
+        _err "createdb jobstate failed. Server log:"
+        cat "$tmp/server.log" >&2 2>/dev/null || true
+        return 1
+    fi
+    _log "PostgreSQL ready: PGHOST=$PGHOST PGPORT=$PGPORT PGUSER=$PGUSER PGDATABASE=$PGDATABASE"
+}
+
+# pg_stop: stop the cluster in $JOBSTATE_PG_DIR and delete it. Safe to call
+# twice and when pg_start failed half-way or never ran.
+pg_stop() {
+    local dir=${JOBSTATE_PG_DIR:-} pid i
+    [[ -n $dir ]] || return 0
+    if [[ ! -e $dir/.jobstate-pg ]]; then
+        if [[ -e $dir ]]; then
+            _err "not removing $dir: it was not created by pg_start"
+        fi
+        unset JOBSTATE_PG_DIR JOBSTATE_PG_CTL JOBSTATE_PG_LOG
+        return 0
+    fi
+    if [[ -f $dir/data/postmaster.pid ]]; then
+        "$dir/pg_ctl.sh" stop -m immediate >/dev/null 2>&1 || true
+        # If pg_ctl could not stop it, SIGQUIT the postmaster (= immediate
+        # shutdown), making sure the pid really is a postgres process.
+        pid=$(head -n1 "$dir/data/postmaster.pid" 2>/dev/null || true)
+        if [[ $pid =~ ^[0-9]+$ ]] && [[ $(ps -o comm= -p "$pid" 2>/dev/null) == postgres* ]]; then
+            kill -QUIT "$pid" 2>/dev/null || true
+            for ((i = 0; i < 50; i++)); do
+                kill -0 "$pid" 2>/dev/null || break
+                sleep 0.1
+            done
+            if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+        fi
+    fi
+    rm -rf "$dir"
+    unset JOBSTATE_PG_DIR JOBSTATE_PG_CTL JOBSTATE_PG_LOG
+    return 0
+}
