@@ -79,8 +79,12 @@ class JobStateBackend(BaseTaskBackend):
     def validate_task(self, task: Task) -> None:
         super().validate_task(task)
         _check_option(task, "max_attempts", minimum=1)
-        if isinstance(task.max_attempts, float):  # type: ignore[attr-defined]
-            raise InvalidTask(f"max_attempts of task {task.module_path!r} must be a whole number.")
+        max_attempts = getattr(task, "max_attempts", None)
+        if max_attempts is not None and (isinstance(max_attempts, float) or max_attempts > 1000):
+            raise InvalidTask(
+                f"max_attempts of task {task.module_path!r} must be a whole number from 1 to "
+                f"1000, not {max_attempts!r}."
+            )
         _check_option(task, "backoff", minimum=0)
         _check_option(task, "timeout", minimum=0.001)
 

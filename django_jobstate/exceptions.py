@@ -32,9 +32,5 @@ class WorkerLost(Exception):
     """The attempt's worker stopped heartbeating; the attempt was failed by another worker."""
 
 
-class WorkerInterrupted(BaseException):
-    """The worker was told to stop at once while the attempt was running.
-
-    A BaseException, like KeyboardInterrupt, so that a task's `except Exception` does not
-    swallow it.
-    """
+class WorkerInterrupted(Exception):
+    """The worker was told to stop at once while the attempt was running."""

@@ -8,6 +8,7 @@ LostRace.
 from __future__ import annotations
 
 import json
+import logging
 import random
 import uuid
 from collections.abc import Iterable, Sequence
@@ -19,11 +20,17 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from .conf import get_settings
-from .exceptions import InvalidPayload, LostRace
+from .exceptions import InvalidPayload, LostRace, WorkerLost
 from .states import LIVE_STATES, TERMINAL_STATES, FailureReason, State, check_transition
 
 if TYPE_CHECKING:
     from .models import Job
+
+logger = logging.getLogger("django_jobstate")
+
+
+def class_path(exc: BaseException) -> str:
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
 
 def encode_payload(value: Any, what: str) -> Any:
@@ -125,9 +132,12 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         qn = connection.ops.quote_name
         table = qn(self.model._meta.db_table)
         if connection.vendor == "postgresql":
-            now, lock = "STATEMENT_TIMESTAMP()", "FOR UPDATE SKIP LOCKED"
+            now, now_params, lock = "STATEMENT_TIMESTAMP()", [], "FOR UPDATE SKIP LOCKED"
         else:
-            now, lock = "STRFTIME('%%Y-%%m-%%d %%H:%%M:%%f', 'NOW')", ""
+            # SQLite's clock has millisecond precision, run_after microsecond: a job due
+            # now would wait for the next millisecond. One machine, one clock: use ours.
+            now, lock = "%s", ""
+            now_params = [connection.ops.adapt_datetimefield_value(timezone.now())]
         queue_sql, queue_params = "", []
         if queues is not None:
             queue_sql = f"AND {qn('queue_name')} IN ({', '.join(['%s'] * len(queues))})"
@@ -146,7 +156,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             WHERE {qn("id")} IN (SELECT {qn("id")} FROM picked) AND {qn("state")} = %s
             RETURNING {qn("id")}
         """
-        params = [State.QUEUED, *queue_params, limit, State.RUNNING, worker_id, State.QUEUED]
+        params = [State.QUEUED, *now_params, *queue_params, limit]
+        params += [State.RUNNING, worker_id, *now_params, State.QUEUED]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             ids = [row[0] for row in cursor.fetchall()]
@@ -213,11 +224,65 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 f"another writer retried it first."
             ) from None
 
+    def rescue_lost(self, lost_after: float) -> int:
+        """Fail as lost the running attempts of workers silent for `lost_after` seconds.
+
+        Times are the database's, so workers' clocks do not matter. An attempt younger than
+        `lost_after` is never rescued, whatever its worker did.
+        """
+        from .models import WorkerHeartbeat
+
+        cutoff = Now() - timedelta(seconds=lost_after)
+        alive = WorkerHeartbeat.objects.filter(last_seen__gte=cutoff).values("worker_id")
+        silent = self.running().filter(started_at__lt=cutoff).exclude(worker_id__in=alive)
+        error = WorkerLost(f"its worker sent no heartbeat for {lost_after:g} seconds")
+        return self._fail_each(silent, FailureReason.LOST, error)
+
+    def fail_running(
+        self, worker_id: str, reason: FailureReason, error: BaseException, *, pk: int | None = None
+    ) -> int:
+        """Fail the running attempts of a worker that is gone or stopped (or just one of them).
+
+        Used by a supervisor whose worker process died or was killed, and by the watchdog
+        of an attempt past its timeout. Returns how many attempts it failed.
+        """
+        jobs = self.running().filter(worker_id=worker_id)
+        return self._fail_each(jobs if pk is None else jobs.filter(pk=pk), reason, error)
+
+    def _fail_each(self, jobs: JobQuerySet, reason: FailureReason, error: BaseException) -> int:
+        failed = 0
+        for job in jobs:
+            try:
+                self.fail(job, reason, error_class=class_path(error), error_message=str(error))
+            except LostRace:
+                continue  # its worker finished it, or another rescuer got there first
+            logger.warning("Job %s attempt %d failed as %s: %s", job.pk, job.attempt, reason, error)
+            failed += 1
+        return failed
+
     def cancel(self, job: Job) -> None:
         """Delete `job` if it is still queued: a cancelled job never runs."""
-        deleted, _ = self.using(job._state.db).filter(pk=job.pk, state=State.QUEUED).delete()
-        if not deleted:
+        if not self.cancel_many([job.pk], using=job._state.db):
             raise LostRace(f"Job {job.pk} is no longer queued; it was not cancelled.")
+
+    def cancel_many(self, pks: Iterable[int], *, using: str | None = None) -> int:
+        """Delete those of `pks` that are still queued; return how many were deleted.
+
+        One DELETE conditional on the state: QuerySet.delete() would read the rows first
+        and then delete them by pk alone, deleting a job claimed in between.
+        """
+        pks = list(pks)
+        if not pks:
+            return 0
+        connection = connections[using or router.db_for_write(self.model)]
+        qn = connection.ops.quote_name
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {qn(self.model._meta.db_table)} "
+                f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(pks))}) AND {qn('state')} = %s",
+                [*pks, State.QUEUED],
+            )
+            return cursor.rowcount
 
     def _transition(self, job: Job, new: State, **values: Any) -> None:
         """Move `job` to `new` if it is still where this process last saw it.
@@ -237,3 +302,32 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 + f" when moving it to {new}: another writer got there first. Nothing was changed."
             )
         job.refresh_from_db(fields=["state", *values])
+
+
+class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
+    def beat(self, worker_id: str, *, host: str, pid: int, queues: list[str] | None) -> None:
+        """Say that `worker_id` is alive now (registering it if it is new or was reaped)."""
+        if not self.filter(worker_id=worker_id).update(last_seen=Now()):
+            self.update_or_create(
+                worker_id=worker_id,
+                defaults={"last_seen": Now()},
+                create_defaults={
+                    "host": host,
+                    "pid": pid,
+                    "queues": queues,
+                    "started_at": Now(),
+                    "last_seen": Now(),
+                },
+            )
+
+    def forget(self, worker_id: str) -> None:
+        """Remove a worker that stopped cleanly."""
+        self.filter(worker_id=worker_id).delete()
+
+    def forget_lost(self, lost_after: float) -> None:
+        """Remove silent workers that no longer own a running attempt."""
+        from .models import Job
+
+        cutoff = Now() - timedelta(seconds=lost_after)
+        busy = Job.objects.running().values("worker_id")
+        self.filter(last_seen__lt=cutoff).exclude(worker_id__in=busy).delete()

@@ -6,7 +6,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from .managers import JobManager
+from .managers import JobManager, WorkerHeartbeatManager
 from .states import LIVE_STATES, FailureReason, State
 
 _STARTED = Q(started_at__isnull=False, worker_id__isnull=False)
@@ -137,3 +137,23 @@ class Job(models.Model):
         if self.finished_at is None:
             return None
         return self.finished_at - self.started_at
+
+
+class WorkerHeartbeat(models.Model):
+    """One row per running worker process, refreshed every JOBSTATE_HEARTBEAT_INTERVAL."""
+
+    worker_id = models.CharField(_("worker"), max_length=64, primary_key=True)
+    host = models.CharField(_("host"), max_length=255)
+    pid = models.PositiveIntegerField(_("pid"))
+    queues = models.JSONField(_("queues"), null=True, blank=True, help_text=_("null: all"))
+    started_at = models.DateTimeField(_("started at"))
+    last_seen = models.DateTimeField(_("last seen"))
+
+    objects = WorkerHeartbeatManager()
+
+    class Meta:
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+
+    def __str__(self) -> str:
+        return self.worker_id

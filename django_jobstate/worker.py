@@ -1,4 +1,10 @@
-"""The worker loop: claim runnable jobs, run each task, record the outcome."""
+"""The worker loop: claim runnable jobs, run each task, record the outcome.
+
+Beside the loop, a watchdog thread heartbeats, rescues the attempts of lost workers, and
+stops an attempt that runs past its timeout. Under `runjobs` each worker is a child
+process of a supervisor (supervisor.py), so a timed-out attempt is stopped by ending the
+whole process, whatever the task is doing.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,7 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.db import DatabaseError, close_old_connections, connection
 from django.tasks import TaskContext
@@ -18,9 +24,9 @@ from django.tasks.signals import task_finished, task_started
 
 from .backend import JobStateBackend, load_task, to_task_result
 from .conf import get_settings
-from .exceptions import LostRace, WorkerInterrupted
-from .managers import encode_payload
-from .models import Job
+from .exceptions import JobTimeout, LostRace
+from .managers import class_path, encode_payload
+from .models import Job, WorkerHeartbeat
 from .states import FailureReason
 
 logger = logging.getLogger("django_jobstate.worker")
@@ -31,12 +37,14 @@ def default_worker_id() -> str:
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def class_path(exc: BaseException) -> str:
-    return f"{type(exc).__module__}.{type(exc).__qualname__}"
-
-
 class Worker:
-    """Runs jobs in this process until stopped, or until --burst/--max-jobs says so."""
+    """Runs jobs in this process until stopped, or until --burst/--max-jobs says so.
+
+    `on_timeout` is called (from the watchdog thread) after an attempt that ran past its
+    timeout was failed; the default leaves the task running, since a thread cannot be
+    killed, and its late outcome is refused. runjobs passes a function that ends the
+    process.
+    """
 
     def __init__(
         self,
@@ -46,6 +54,7 @@ class Worker:
         poll_interval: float | None = None,
         burst: bool = False,
         max_jobs: int | None = None,
+        on_timeout: Callable[[Job], None] | None = None,
     ) -> None:
         self.worker_id = worker_id or default_worker_id()
         self.queues = None if queues is None else sorted(set(queues))
@@ -54,33 +63,32 @@ class Worker:
         )
         self.burst = burst
         self.max_jobs = max_jobs
+        self.on_timeout = on_timeout
         self.jobs_done = 0
+        # The attempt in hand and its monotonic deadline; read by the watchdog.
+        self.current: tuple[Job, float | None] | None = None
         self._stopping = threading.Event()
-        self._in_task = False
 
     def stop(self) -> None:
         """Finish the attempt in hand, claim no more."""
         self._stopping.set()
 
-    def interrupt(self, why: str) -> None:
-        """Stop at once: from a signal handler, abort the task running in this thread.
-
-        Only the task body is aborted (the attempt is then failed as interrupted); the
-        worker's own database writes always run to completion.
-        """
-        self._stopping.set()
-        if self._in_task:
-            raise WorkerInterrupted(why)
-
     @property
     def stopping(self) -> bool:
         return self._stopping.is_set()
 
+    @property
+    def reached_max_jobs(self) -> bool:
+        return self.max_jobs is not None and self.jobs_done >= self.max_jobs
+
     def run(self) -> None:
         queues = ", ".join(self.queues) if self.queues else "all queues"
         logger.info("Worker %s started on %s", self.worker_id, queues)
+        watchdog = Watchdog(self)
+        watchdog.beat()
+        watchdog.start()
         try:
-            while not self.stopping and not self._reached_max_jobs():
+            while not self.stopping and not self.reached_max_jobs:
                 job = self._claim_one()
                 if job is not None:
                     self.run_attempt(job)
@@ -90,10 +98,8 @@ class Worker:
                 else:
                     self._stopping.wait(self.poll_interval)
         finally:
+            watchdog.finish()
             logger.info("Worker %s stopped after %d jobs", self.worker_id, self.jobs_done)
-
-    def _reached_max_jobs(self) -> bool:
-        return self.max_jobs is not None and self.jobs_done >= self.max_jobs
 
     def _claim_one(self) -> Job | None:
         if not connection.in_atomic_block:  # a long-lived worker drops broken connections
@@ -109,28 +115,24 @@ class Worker:
     def run_attempt(self, job: Job) -> None:
         """Run one claimed attempt and record its outcome, fenced by state and worker."""
         started = time.monotonic()
+        self.current = (job, None if job.timeout is None else started + job.timeout)
         try:
             value = self._call(job)
-        except WorkerInterrupted as exc:
-            self._finish(job, started, error=exc, reason=FailureReason.INTERRUPTED)
-            raise
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             self._finish(job, started, error=exc)
         else:
             self._finish(job, started, value=value)
+        finally:
+            self.current = None
 
     def _call(self, job: Job) -> object:
         task = load_task(job.task_path)  # a path that is not a Task fails here, running nothing
         result = to_task_result([*self._previous_attempts(job), job], task)
         task_started.send(JobStateBackend, task_result=result)
-        self._in_task = True
-        try:
-            if task.takes_context:
-                value = task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
-            else:
-                value = task.call(*job.args, **job.kwargs)
-        finally:
-            self._in_task = False
+        if task.takes_context:
+            value = task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
+        else:
+            value = task.call(*job.args, **job.kwargs)
         return encode_payload(value, "The task's return value")
 
     def _previous_attempts(self, job: Job) -> list[Job]:
@@ -139,13 +141,7 @@ class Worker:
         return list(Job.objects.attempts_of(job.result_id).filter(attempt__lt=job.attempt))
 
     def _finish(
-        self,
-        job: Job,
-        started: float,
-        *,
-        value: object = None,
-        error: BaseException | None = None,
-        reason: FailureReason = FailureReason.ERROR,
+        self, job: Job, started: float, *, value: object = None, error: BaseException | None = None
     ) -> None:
         try:
             if error is None:
@@ -153,7 +149,7 @@ class Worker:
             else:
                 Job.objects.fail(
                     job,
-                    reason,
+                    FailureReason.ERROR,
                     error_class=class_path(error),
                     error_message=str(error),
                     traceback="".join(traceback.format_exception(error)),
@@ -178,3 +174,71 @@ class Worker:
         except InvalidTask:
             return  # the task cannot be imported: there is no Task to describe
         task_finished.send(JobStateBackend, task_result=result)
+
+
+class Watchdog(threading.Thread):
+    """Heartbeats for its worker, rescues lost workers' attempts, enforces timeouts."""
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__(name=f"jobstate-watchdog-{worker.worker_id}", daemon=True)
+        self.worker = worker
+        self.settings = get_settings()
+        self._done = threading.Event()
+        self._parent = os.getppid()
+
+    def run(self) -> None:
+        next_beat = time.monotonic() + self.settings.HEARTBEAT_INTERVAL
+        try:
+            while not self._done.wait(self._sleep(next_beat)):
+                current = self.worker.current
+                if current and current[1] is not None and time.monotonic() >= current[1]:
+                    self._guarded(lambda job=current[0]: self._time_out(job))
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + self.settings.HEARTBEAT_INTERVAL
+                    self._guarded(self.beat)
+                    self._guarded(self.rescue)
+                    if os.getppid() != self._parent:
+                        logger.warning("Worker %s lost its parent; stopping", self.worker.worker_id)
+                        self.worker.stop()
+        finally:
+            connection.close()
+
+    def _sleep(self, next_beat: float) -> float:
+        wake = next_beat
+        current = self.worker.current
+        if current is not None and current[1] is not None:
+            wake = min(wake, current[1])
+        return max(0.01, wake - time.monotonic())
+
+    def _guarded(self, action: Callable[[], object]) -> None:  # a DB outage must not end it
+        try:
+            action()
+        except DatabaseError:
+            logger.exception("Worker %s: database unavailable; will retry", self.worker.worker_id)
+            connection.close()
+
+    def beat(self) -> None:
+        WorkerHeartbeat.objects.beat(
+            self.worker.worker_id,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            queues=self.worker.queues,
+        )
+
+    def rescue(self) -> None:
+        Job.objects.rescue_lost(self.settings.LOST_AFTER)
+        WorkerHeartbeat.objects.forget_lost(self.settings.LOST_AFTER)
+
+    def _time_out(self, job: Job) -> None:
+        self.worker.current = None
+        error = JobTimeout(f"the attempt ran past its timeout of {job.timeout:g} seconds")
+        failed = Job.objects.fail_running(
+            self.worker.worker_id, FailureReason.TIMEOUT, error, pk=job.pk
+        )
+        if failed and self.worker.on_timeout is not None:
+            self.worker.on_timeout(job)
+
+    def finish(self) -> None:
+        self._done.set()
+        self.join()
+        self._guarded(lambda: WorkerHeartbeat.objects.forget(self.worker.worker_id))

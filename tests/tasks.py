@@ -44,3 +44,36 @@ def sleep_then_record(label: str, seconds: float) -> str:
     time.sleep(seconds)
     Execution.objects.create(label=label)
     return label
+
+
+@task(max_attempts=3, backoff=0)
+def always_fails(label: str) -> None:
+    """Record one execution, then raise: every attempt fails."""
+    Execution.objects.create(label=label)
+    raise ValueError(f"{label} failed")
+
+
+@task(max_attempts=3, backoff=0)
+def fails_once(label: str) -> str:
+    """Record one execution; raise on the first one only."""
+    Execution.objects.create(label=label)
+    if Execution.objects.filter(label=label).count() == 1:
+        raise ValueError(f"{label} fails the first time")
+    return label
+
+
+@task(max_attempts=3, backoff=2, timeout=5)
+def with_options() -> None:
+    pass
+
+
+def _registered_under_another_name() -> None:
+    raise AssertionError("a task whose path does not lead back to it must never run")
+
+
+aliased = task(_registered_under_another_name)
+
+
+@task
+def returns_nan() -> float:
+    return float("nan")

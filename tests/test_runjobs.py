@@ -2,6 +2,7 @@
 
 import signal
 import time
+from collections import Counter
 
 import pytest
 from django.tasks import TaskResultStatus
@@ -50,12 +51,15 @@ def test_queue_option_runs_only_those_queues(runjobs):
     assert tasks.record.get_result(other.id).status == TaskResultStatus.READY
 
 
-def test_max_jobs_stops_after_that_many(runjobs):
-    for n in range(3):
+def test_max_jobs_replaces_the_worker_process_after_that_many(runjobs):
+    for n in range(5):
         tasks.record.enqueue(f"job {n}")
-    assert runjobs.run("--max-jobs", "2").returncode == 0
-    assert Execution.objects.count() == 2
-    assert Job.objects.queued().count() == 1
+
+    assert runjobs.run("--burst", "--max-jobs", "2").returncode == 0
+
+    assert Execution.objects.count() == 5
+    per_worker = Counter(Job.objects.values_list("worker_id", flat=True))
+    assert sorted(per_worker.values()) == [1, 2, 2]
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

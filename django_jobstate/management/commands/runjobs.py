@@ -8,8 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from django_jobstate.exceptions import WorkerInterrupted
-from django_jobstate.worker import Worker
+from django_jobstate.supervisor import Supervisor
 
 logger = logging.getLogger("django_jobstate.worker")
 
@@ -42,8 +41,8 @@ def queue_name(text: str) -> str:
 
 class Command(BaseCommand):
     help = (
-        "Run background jobs. SIGTERM or SIGINT finishes the jobs in hand and exits; a second "
-        "one stops at once and fails the running attempts as interrupted."
+        "Run background jobs in worker processes. SIGTERM or SIGINT finishes the jobs in hand "
+        "and exits; a second one stops at once and fails the running attempts as interrupted."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -55,9 +54,19 @@ class Command(BaseCommand):
             metavar="NAME",
             help="Run jobs from this queue only (repeatable; default: all queues).",
         )
+        parser.add_argument(
+            "--concurrency",
+            type=positive_int,
+            default=1,
+            metavar="N",
+            help="Run N worker processes (default: 1).",
+        )
         parser.add_argument("--burst", action="store_true", help="Exit once no job is runnable.")
         parser.add_argument(
-            "--max-jobs", type=positive_int, metavar="N", help="Exit after running N jobs."
+            "--max-jobs",
+            type=positive_int,
+            metavar="N",
+            help="Replace each worker process after it ran N jobs (a guard against leaks).",
         )
         parser.add_argument(
             "--poll-interval",
@@ -70,7 +79,9 @@ class Command(BaseCommand):
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        worker = Worker(
+        configure_logging(options["verbosity"])
+        supervisor = Supervisor(
+            concurrency=options["concurrency"],
             worker_id=options["worker_id"],
             queues=options["queues"],
             poll_interval=options["poll_interval"],
@@ -80,20 +91,25 @@ class Command(BaseCommand):
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             name = signal.Signals(signum).name
-            if not worker.stopping:
-                logger.info(
-                    "Worker %s: %s received; finishing the job in hand (send it again to "
-                    "stop at once)",
-                    worker.worker_id,
-                    name,
+            if not supervisor.stopping:
+                logger.warning(
+                    "%s received: finishing the jobs in hand (send it again to stop at once)", name
                 )
-                worker.stop()
+                supervisor.stop()
             else:
-                worker.interrupt(f"{name} received twice: the worker stopped at once")
+                logger.warning("%s received again: stopping at once", name)
+                supervisor.interrupt()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        try:
-            worker.run()
-        except WorkerInterrupted:
-            logger.warning("Worker %s stopped at once", worker.worker_id)
+        supervisor.run()
+
+
+def configure_logging(verbosity: int) -> None:
+    """-v 0: warnings only; -v 1 (default): a line per worker and per attempt; -v 2: debug."""
+    package_logger = logging.getLogger("django_jobstate")
+    package_logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+    if not package_logger.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        package_logger.addHandler(handler)

@@ -1,0 +1,340 @@
+"""The django.tasks adapter: enqueue as a Job row, get_result as a view over attempts."""
+
+import re
+import uuid
+from datetime import UTC, datetime, timedelta
+from functools import partial
+
+import pytest
+from django.tasks import TaskResultStatus, default_task_backend, task
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
+from django.tasks.signals import task_enqueued
+from django.test import modify_settings
+from django.utils import timezone
+
+from django_jobstate.backend import JobStateBackend
+from django_jobstate.models import Job
+from django_jobstate.states import State
+from tests.factories import JobFactory
+from tests.tasks import aliased, email, not_a_task, record, with_options
+
+JOBSTATE_BACKEND = "django_jobstate.backend.JobStateBackend"
+
+
+def get_result(job: Job):
+    return default_task_backend.get_result(str(job.result_id))
+
+
+# enqueue()
+
+
+@pytest.mark.django_db
+def test_enqueue_creates_one_queued_row():
+    run_after = timezone.now() + timedelta(hours=1)
+    result = record.using(queue_name="reports", priority=7, run_after=run_after).enqueue("a")
+
+    job = Job.objects.get()
+    assert (job.state, job.attempt, job.previous) == (State.QUEUED, 1, None)
+    assert (job.task_path, job.args, job.kwargs) == ("tests.tasks.record", ["a"], {})
+    assert (job.queue_name, job.priority, job.run_after) == ("reports", 7, run_after)
+    assert job.backend == "default"
+    assert (result.id, result.status) == (str(job.result_id), TaskResultStatus.READY)
+    assert (result.args, result.enqueued_at, result.worker_ids) == (["a"], job.enqueued_at, [])
+
+
+@pytest.mark.django_db
+def test_enqueue_stores_kwargs_and_the_queue_of_the_decorator():
+    email.enqueue(address="a@example.com")
+
+    job = Job.objects.get()
+    assert (job.task_path, job.queue_name) == ("tests.tasks.email", "emails")
+    assert (job.args, job.kwargs) == ([], {"address": "a@example.com"})
+
+
+@pytest.mark.django_db
+def test_enqueue_stores_the_backend_alias(settings):
+    settings.TASKS = {**settings.TASKS, "other": {"BACKEND": JOBSTATE_BACKEND}}
+
+    result = record.using(backend="other").enqueue("a")
+
+    assert Job.objects.get().backend == "other"
+    assert result.backend == "other"
+
+
+@pytest.mark.parametrize(
+    ("enqueue", "overrides", "expected"),
+    [
+        (partial(record.enqueue, "a"), {}, (1, 10.0, None)),
+        (
+            partial(record.enqueue, "a"),
+            {
+                "JOBSTATE_DEFAULT_MAX_ATTEMPTS": 4,
+                "JOBSTATE_DEFAULT_BACKOFF": 7.5,
+                "JOBSTATE_DEFAULT_TIMEOUT": 30.0,
+            },
+            (4, 7.5, 30.0),
+        ),
+        (with_options.enqueue, {}, (3, 2.0, 5.0)),
+        (with_options.enqueue, {"JOBSTATE_DEFAULT_MAX_ATTEMPTS": 4}, (3, 2.0, 5.0)),
+    ],
+    ids=["app-defaults", "settings-defaults", "task-options", "task-options-win"],
+)
+@pytest.mark.django_db
+def test_enqueue_stores_the_retry_options(settings, enqueue, overrides, expected):
+    for name, value in overrides.items():
+        setattr(settings, name, value)
+
+    enqueue()
+
+    job = Job.objects.get()
+    assert (job.max_attempts, job.backoff, job.timeout) == expected
+
+
+@pytest.mark.django_db
+def test_task_options_survive_using():
+    with_options.using(priority=5).enqueue()
+
+    job = Job.objects.get()
+    assert (job.priority, job.max_attempts, job.backoff, job.timeout) == (5, 3, 2.0, 5.0)
+
+
+@pytest.mark.django_db
+def test_a_task_enqueued_without_run_after_is_runnable_at_once():
+    missed = 0
+    for n in range(200):
+        result = record.enqueue(str(n))
+        claimed = Job.objects.claim("w1", limit=10)
+        missed += result.id not in {str(job.result_id) for job in claimed}
+    assert missed == 0
+
+
+# get_result()
+
+
+@pytest.mark.parametrize(
+    ("state", "status"),
+    [
+        (State.QUEUED, TaskResultStatus.READY),
+        (State.RUNNING, TaskResultStatus.RUNNING),
+        (State.SUCCEEDED, TaskResultStatus.SUCCESSFUL),
+        (State.FAILED, TaskResultStatus.FAILED),
+    ],
+)
+@pytest.mark.django_db
+def test_get_result_maps_each_state(state, status):
+    job = JobFactory.in_state(state)
+
+    result = get_result(job)
+
+    assert (result.id, result.status) == (str(job.result_id), status)
+    assert result.task.module_path == "tests.tasks.record"
+    assert result.args == ["factory"]
+    assert result.worker_ids == ([] if state == State.QUEUED else ["factory-worker"])
+
+
+@pytest.mark.django_db
+def test_get_result_of_a_success_has_its_return_value():
+    job = JobFactory.in_state(State.SUCCEEDED, return_value={"rows": [1, 2]})
+
+    result = get_result(job)
+
+    assert result.return_value == {"rows": [1, 2]}
+    assert (result.started_at, result.finished_at) == (job.started_at, job.finished_at)
+    assert result.errors == []
+
+
+@pytest.mark.django_db
+def test_get_result_of_a_failure_has_its_error():
+    job = JobFactory.in_state(State.FAILED)
+
+    result = get_result(job)
+
+    [error] = result.errors
+    assert error.exception_class_path == "builtins.ValueError"
+    assert error.exception_class is ValueError
+    assert error.traceback == job.traceback
+    with pytest.raises(ValueError, match="Task failed"):
+        result.return_value  # noqa: B018
+
+
+@pytest.mark.parametrize(
+    ("retry_state", "status"),
+    [(State.QUEUED, TaskResultStatus.READY), (State.RUNNING, TaskResultStatus.RUNNING)],
+)
+@pytest.mark.django_db
+def test_get_result_while_a_retry_is_live(retry_state, status):
+    first = JobFactory.in_state(State.FAILED, worker_id="w1")
+    owner = {} if retry_state == State.QUEUED else {"worker_id": "w2"}
+    JobFactory.in_state(retry_state, result_id=first.result_id, attempt=2, previous=first, **owner)
+
+    result = get_result(first)
+
+    assert (result.id, result.status) == (str(first.result_id), status)
+    assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"]
+    assert result.worker_ids == (["w1"] if retry_state == State.QUEUED else ["w1", "w2"])
+    assert (result.enqueued_at, result.started_at) == (first.enqueued_at, first.started_at)
+
+
+@pytest.mark.django_db
+def test_refresh_follows_the_row():
+    result = record.using(run_after=timezone.now() - timedelta(seconds=1)).enqueue("a")
+    [job] = Job.objects.claim("w1")
+
+    result.refresh()
+    assert (result.status, result.worker_ids) == (TaskResultStatus.RUNNING, ["w1"])
+
+    Job.objects.succeed(job, "a")
+    result.refresh()
+    assert (result.status, result.return_value) == (TaskResultStatus.SUCCESSFUL, "a")
+
+
+@pytest.mark.parametrize("result_id", [lambda: str(uuid.uuid4()), lambda: "not-a-uuid"])
+@pytest.mark.django_db
+def test_get_result_of_an_unknown_id_does_not_exist(result_id):
+    JobFactory()
+
+    with pytest.raises(TaskResultDoesNotExist):
+        default_task_backend.get_result(result_id())
+    with pytest.raises(TaskResultDoesNotExist):
+        record.get_result(result_id())
+
+
+@pytest.mark.django_db
+def test_get_result_through_another_task_is_a_mismatch():
+    result = record.enqueue("a")
+
+    assert record.get_result(result.id).id == result.id
+    with pytest.raises(TaskResultMismatch, match=re.escape("tests.tasks.record")):
+        email.get_result(result.id)
+
+
+# Signals
+
+
+@pytest.mark.django_db
+def test_enqueue_sends_task_enqueued_with_the_result():
+    received = []
+
+    def receiver(sender, task_result, **kwargs):
+        received.append((sender, task_result))
+
+    task_enqueued.connect(receiver)
+    try:
+        result = record.enqueue("a")
+        with pytest.raises(InvalidTask):
+            aliased.enqueue()
+    finally:
+        task_enqueued.disconnect(receiver)
+
+    assert received == [(JobStateBackend, result)]
+    assert received[0][1].status == TaskResultStatus.READY
+
+
+# Bad input writes nothing
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((datetime.now(UTC),), {}, "arguments must be JSON: Object of type datetime"),
+        (({1, 2},), {}, "arguments must be JSON: Object of type set"),
+        ((object(),), {}, "arguments must be JSON: Object of type object"),
+        ((float("nan"),), {}, "arguments must be JSON: Out of range float values .*: nan"),
+        ((float("inf"),), {}, "arguments must be JSON: Out of range float values .*: inf"),
+        ((), {"label": datetime.now(UTC)}, "keyword arguments must be JSON: .* datetime"),
+        ((), {"label": [float("-inf")]}, "keyword arguments must be JSON: .*: -inf"),
+    ],
+    ids=["datetime", "set", "object", "nan", "inf", "kwarg-datetime", "kwarg-nested-inf"],
+)
+@pytest.mark.django_db
+def test_arguments_that_are_not_json_are_refused(args, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        record.enqueue(*args, **kwargs)
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "fits"),
+    [
+        (("x" * 996,), {}, True),  # ["xxx..."] is exactly 1,000 bytes
+        (("x" * 997,), {}, False),
+        ((), {"label": "x" * 2000}, False),
+    ],
+    ids=["at-the-limit", "one-byte-over", "kwargs-over"],
+)
+@pytest.mark.django_db
+def test_payload_size_is_limited(settings, args, kwargs, fits):
+    settings.JOBSTATE_MAX_PAYLOAD_BYTES = 1000
+
+    if fits:
+        record.enqueue(*args, **kwargs)
+        assert Job.objects.count() == 1
+    else:
+        with pytest.raises(ValueError, match=r"more than JOBSTATE_MAX_PAYLOAD_BYTES \(1,000\)"):
+            record.enqueue(*args, **kwargs)
+        assert Job.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("using", "message"),
+    [
+        ({"queue_name": "nope"}, "Queue 'nope' is not valid for backend"),
+        ({"priority": 101}, "priority must be a whole number between -100 and 100"),
+        ({"priority": -101}, "priority must be a whole number between -100 and 100"),
+    ],
+)
+@pytest.mark.django_db
+def test_invalid_queue_or_priority_is_refused(using, message):
+    with pytest.raises(InvalidTask, match=message):
+        record.using(**using).enqueue("a")
+    assert Job.objects.count() == 0
+
+
+@pytest.mark.django_db
+def test_a_task_whose_path_does_not_lead_back_to_it_is_refused():
+    with pytest.raises(
+        InvalidTask, match=re.escape("'tests.tasks._registered_under_another_name'")
+    ):
+        aliased.enqueue()
+    assert Job.objects.count() == 0
+
+
+def test_a_task_defined_in_a_function_is_refused():
+    def local() -> None:
+        pass
+
+    with pytest.raises(InvalidTask, match="module level"):
+        task(local)
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_attempts": 0}, "max_attempts .* at least 1, not 0"),
+        ({"max_attempts": 1.5}, "max_attempts .* whole number"),
+        ({"max_attempts": 2.0}, "max_attempts .* whole number"),
+        ({"max_attempts": "3"}, "max_attempts .* not '3'"),
+        ({"max_attempts": True}, "max_attempts .* not True"),
+        ({"backoff": -1}, "backoff .* at least 0, not -1"),
+        ({"backoff": float("nan")}, "backoff .* not nan"),
+        ({"timeout": 0}, "timeout .* not 0"),
+        ({"timeout": "5"}, "timeout .* not '5'"),
+        ({"max_attempts": 40_000}, "max_attempts .* from 1 to 1000, not 40000"),
+    ],
+)
+def test_invalid_options_are_refused_when_the_task_is_defined(options, message):
+    # not_a_task is at module level, so only the option can be what is refused.
+    with pytest.raises(InvalidTask, match=message):
+        task(**options)(not_a_task)
+
+
+# check()
+
+
+@pytest.mark.parametrize(("remove", "expected"), [([], []), (["django_jobstate"], ["E003"])])
+def test_check_requires_the_app(remove, expected):
+    with modify_settings(INSTALLED_APPS={"remove": remove}):
+        errors = JobStateBackend("x", {}).check()
+
+    assert [e.id for e in errors] == [f"django_jobstate.{id}" for id in expected]
+    assert all("TASKS['x']" in e.msg for e in errors)

@@ -1,0 +1,273 @@
+"""The in-process worker loop: claim, run, record the outcome."""
+
+import logging
+import time
+from datetime import datetime, timedelta
+
+import pytest
+from django.tasks import TaskResultStatus
+from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
+
+from django_jobstate.backend import JobStateBackend
+from django_jobstate.models import Job
+from django_jobstate.states import FailureReason, State
+from django_jobstate.worker import Worker
+from tests.factories import JobFactory
+from tests.models import Execution
+from tests.tasks import always_fails, fails_once
+
+# Inside the test transaction, as a Django TestCase would run the worker.
+pytestmark = pytest.mark.django_db
+
+
+def executions() -> list[str]:
+    return list(Execution.objects.order_by("pk").values_list("label", flat=True))
+
+
+def in_the_past(seconds: float = 1) -> datetime:
+    return timezone.now() - timedelta(seconds=seconds)
+
+
+def run_until_idle() -> None:
+    """Run burst workers until nothing is queued.
+
+    One burst run should do, but on SQLite a retry due "now" can be missed for up to a
+    millisecond: see test_a_task_enqueued_without_run_after_is_runnable_at_once.
+    """
+    deadline = time.monotonic() + 10
+    while Job.objects.queued().exists():
+        assert time.monotonic() < deadline, "jobs stayed queued"
+        Worker(burst=True).run()
+
+
+# Running and recording
+
+
+def test_burst_runs_every_runnable_job_once():
+    jobs = [JobFactory(args=[label]) for label in "abc"]
+    worker = Worker(burst=True)
+
+    worker.run()
+    Worker(burst=True).run()  # nothing is left to run
+
+    assert sorted(executions()) == ["a", "b", "c"]
+    assert worker.jobs_done == 3
+    for job in jobs:
+        job.refresh_from_db()
+        assert (job.state, job.worker_id) == (State.SUCCEEDED, worker.worker_id)
+        assert job.return_value == job.args[0]
+        assert job.finished_at is not None
+
+
+def test_a_failure_is_recorded_with_its_error():
+    job = JobFactory(task_path="tests.tasks.boom", args=["kaput"])
+
+    Worker(burst=True).run()
+
+    job.refresh_from_db()
+    assert (job.state, job.failure_reason) == (State.FAILED, FailureReason.ERROR)
+    assert (job.error_class, job.error_message) == ("builtins.ValueError", "kaput")
+    assert "raise ValueError(message)" in job.traceback
+    assert job.finished_at is not None
+    assert job.return_value is None
+
+
+def test_jobs_due_later_stay_queued():
+    later = JobFactory(args=["later"], run_after=timezone.now() + timedelta(hours=1))
+    JobFactory(args=["now"])
+    worker = Worker(burst=True)
+
+    worker.run()
+
+    assert (executions(), worker.jobs_done) == (["now"], 1)
+    later.refresh_from_db()
+    assert later.state == State.QUEUED
+
+
+@pytest.mark.parametrize(
+    ("queues", "expected"),
+    [
+        (None, ["a", "b", "c"]),
+        (["emails"], ["b"]),
+        (["emails", "reports"], ["b", "c"]),
+    ],
+)
+def test_queues_limit_what_a_worker_runs(queues, expected):
+    for label, queue in [("a", "default"), ("b", "emails"), ("c", "reports")]:
+        JobFactory(args=[label], queue_name=queue)
+
+    Worker(queues=queues, burst=True).run()
+
+    assert sorted(executions()) == expected
+    assert Job.objects.queued().count() == 3 - len(expected)
+
+
+@pytest.mark.parametrize(("max_jobs", "ran"), [(1, 1), (2, 2), (5, 3)])
+def test_max_jobs_stops_the_worker(max_jobs, ran):
+    for label in "abc":
+        JobFactory(args=[label])
+    worker = Worker(burst=True, max_jobs=max_jobs)
+
+    worker.run()
+
+    assert (len(executions()), worker.jobs_done) == (ran, ran)
+    assert Job.objects.queued().count() == 3 - ran
+
+
+def test_higher_priority_first_then_earlier_run_after():
+    for label, priority, age in [
+        ("low", -5, 30),
+        ("normal", 0, 20),
+        ("high-later", 10, 1),
+        ("high-earlier", 10, 2),
+    ]:
+        JobFactory(args=[label], priority=priority, run_after=in_the_past(age))
+
+    Worker(burst=True).run()
+
+    assert executions() == ["high-earlier", "high-later", "normal", "low"]
+
+
+# Rows that must not run, results that cannot be stored
+
+
+@pytest.mark.parametrize(
+    ("task_path", "args", "message"),
+    [
+        ("tests.tasks.not_a_task", [], "'tests.tasks.not_a_task' is a function, not a Task"),
+        ("os.system", ["true"], "'os.system' is a builtin_function_or_method, not a Task"),
+        ("tests.no_such_module.job", [], "Cannot import the task 'tests.no_such_module.job'"),
+        ("tests.tasks.no_such_task", [], "Cannot import the task 'tests.tasks.no_such_task'"),
+    ],
+    ids=["plain-function", "builtin", "no-module", "no-attribute"],
+)
+def test_a_row_that_is_not_a_task_fails_without_running_anything(task_path, args, message):
+    job = JobFactory(task_path=task_path, args=args)
+    worker = Worker(burst=True)
+
+    worker.run()  # returns: the worker did not crash
+
+    job.refresh_from_db()
+    assert (job.state, job.failure_reason) == (State.FAILED, FailureReason.ERROR)
+    assert job.error_class == "django.tasks.exceptions.InvalidTask"  # not_a_task's would differ
+    assert message in job.error_message
+    assert worker.jobs_done == 1
+
+
+@pytest.mark.parametrize(
+    ("task_path", "message"),
+    [
+        ("tests.tasks.returns_set", "Object of type set is not JSON serializable"),
+        ("tests.tasks.returns_nan", "Out of range float values are not JSON compliant: nan"),
+    ],
+)
+def test_a_return_value_that_is_not_json_fails_the_attempt(task_path, message):
+    job = JobFactory(task_path=task_path, args=[])
+    worker = Worker(burst=True)
+
+    worker.run()  # returns: the worker did not crash
+
+    job.refresh_from_db()
+    assert (job.state, job.failure_reason) == (State.FAILED, FailureReason.ERROR)
+    assert job.error_class == "django_jobstate.exceptions.InvalidPayload"
+    assert f"return value must be JSON: {message}" in job.error_message
+    assert job.return_value is None
+    assert worker.jobs_done == 1
+
+
+# Context, fencing, retries, signals
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 3])
+def test_context_attempt_is_the_job_attempt(attempt):
+    job = None  # attempts 1 .. attempt-1 failed, the last one is queued
+    for n in range(1, attempt + 1):
+        link = {} if job is None else {"result_id": job.result_id, "previous": job}
+        state = State.FAILED if n < attempt else State.QUEUED
+        job = JobFactory.in_state(
+            state, attempt=n, task_path="tests.tasks.attempt_number", args=[], **link
+        )
+
+    Worker(burst=True).run()
+
+    job.refresh_from_db()
+    assert (job.state, job.return_value) == (State.SUCCEEDED, attempt)
+
+
+@pytest.mark.parametrize("task_path", ["tests.tasks.record", "tests.tasks.boom"])
+def test_a_late_outcome_of_a_lost_attempt_is_refused(caplog, task_path):
+    JobFactory(task_path=task_path)
+    [stale] = Job.objects.claim("w1")
+    Job.objects.fail(Job.objects.get(pk=stale.pk), FailureReason.LOST, error_message="lost")
+
+    with caplog.at_level(logging.WARNING, logger="django_jobstate.worker"):
+        Worker(worker_id="w1").run_attempt(stale)
+
+    row = Job.objects.get()
+    assert (row.state, row.failure_reason, row.error_message) == ("failed", "lost", "lost")
+    assert (row.return_value, row.error_class) == (None, "")
+    [warning] = [r for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"outcome of job {stale.pk} discarded" in warning.getMessage()
+    assert "another writer got there first" in warning.getMessage()
+
+
+def test_a_task_that_always_fails_is_tried_max_attempts_times():
+    result = always_fails.using(run_after=in_the_past()).enqueue("x")
+
+    run_until_idle()
+
+    attempts = list(Job.objects.attempts_of(result.id))
+    assert [(a.attempt, a.state) for a in attempts] == [(n, State.FAILED) for n in (1, 2, 3)]
+    assert [a.previous for a in attempts] == [None, attempts[0], attempts[1]]
+    assert executions() == ["x"] * 3
+    result.refresh()
+    assert result.status == TaskResultStatus.FAILED
+    assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"] * 3
+    assert result.worker_ids == [a.worker_id for a in attempts]
+
+
+def test_a_task_that_fails_once_succeeds_on_its_second_attempt():
+    result = fails_once.using(run_after=in_the_past()).enqueue("x")
+
+    run_until_idle()
+
+    assert [a.state for a in Job.objects.attempts_of(result.id)] == [
+        State.FAILED,
+        State.SUCCEEDED,
+    ]
+    result.refresh()
+    assert (result.status, result.return_value, result.attempts) == (
+        TaskResultStatus.SUCCESSFUL,
+        "x",
+        2,
+    )
+    assert len(result.errors) == 1
+
+
+@pytest.mark.parametrize(
+    ("task_path", "final"),
+    [
+        ("tests.tasks.record", TaskResultStatus.SUCCESSFUL),
+        ("tests.tasks.boom", TaskResultStatus.FAILED),
+    ],
+)
+def test_task_started_then_task_finished_are_sent(task_path, final):
+    job = JobFactory(task_path=task_path)
+    received = []
+
+    def receiver(signal, sender, task_result, **kwargs):
+        received.append((signal, sender, task_result.id, task_result.status))
+
+    task_started.connect(receiver)
+    task_finished.connect(receiver)
+    try:
+        Worker(burst=True).run()
+    finally:
+        task_started.disconnect(receiver)
+        task_finished.disconnect(receiver)
+
+    assert received == [
+        (task_started, JobStateBackend, str(job.result_id), TaskResultStatus.RUNNING),
+        (task_finished, JobStateBackend, str(job.result_id), final),
+    ]
