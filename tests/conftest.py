@@ -1,7 +1,9 @@
+import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,28 +26,43 @@ def subprocess_env(**extra: str) -> dict[str, str]:
 
 
 class Runjobs:
-    """Start `manage.py runjobs` processes against the test database; kill leftovers."""
+    """Start `manage.py runjobs` processes against the test database; kill leftovers.
 
-    def __init__(self) -> None:
-        self.procs: list[subprocess.Popen[str]] = []
+    Output goes to a file per process (a pipe nobody reads would block a chatty worker).
+    """
 
-    def start(self, *args: str, **env: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "manage.py"), "runjobs", *args],
-            cwd=ROOT,
-            env=subprocess_env(**env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
+    def __init__(self, log_dir: Path) -> None:
+        self.log_dir = log_dir
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    def start(self, *args: str, **env: str) -> subprocess.Popen[bytes]:
+        log = self.log_dir / f"runjobs-{len(self.procs)}.log"
+        with log.open("wb") as out:
+            proc = subprocess.Popen(
+                [sys.executable, str(ROOT / "manage.py"), "runjobs", *args],
+                cwd=ROOT,
+                env=subprocess_env(**env),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc.log = log  # type: ignore[attr-defined]
         self.procs.append(proc)
         return proc
 
+    def output(self, proc: subprocess.Popen[bytes]) -> str:
+        return proc.log.read_text()  # type: ignore[attr-defined]
+
+    def stop(self, proc: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> str:
+        """Signal `proc`, wait for it to exit, and return its output."""
+        proc.send_signal(signum)
+        proc.wait(timeout=30)
+        return self.output(proc)
+
     def run(self, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
         proc = self.start(*args, **env)
-        out, _ = proc.communicate(timeout=timeout)
-        return subprocess.CompletedProcess(proc.args, proc.returncode, out, None)
+        proc.wait(timeout=timeout)
+        return subprocess.CompletedProcess(proc.args, proc.returncode, self.output(proc), None)
 
     def cleanup(self) -> None:
         for proc in self.procs:
@@ -54,8 +71,26 @@ class Runjobs:
                 proc.wait()
 
 
+def run_racers(commands: list[list[str]]) -> list[object]:
+    """Run `python -m tests.racer ...` processes that start together; return their JSON."""
+    start_at = str(time.time() + 2.0)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.racer", *command, start_at],
+            cwd=ROOT,
+            env=subprocess_env(),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for command in commands
+    ]
+    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+    assert [proc.returncode for proc in procs] == [0] * len(procs)
+    return [json.loads(out) for out in outputs]
+
+
 @pytest.fixture
-def runjobs() -> Iterator[Runjobs]:
-    runner = Runjobs()
+def runjobs(tmp_path: Path) -> Iterator[Runjobs]:
+    runner = Runjobs(tmp_path)
     yield runner
     runner.cleanup()

@@ -85,6 +85,10 @@ TASKS = {
 }
 
 JOBSTATE_POLL_INTERVAL = 0.05
+# Short, so that recovery tests wait seconds, not minutes; LOST_AFTER leaves room for a
+# loaded CI machine to miss a few heartbeats without a live worker being taken for lost.
+JOBSTATE_HEARTBEAT_INTERVAL = 0.25
+JOBSTATE_LOST_AFTER = 3.0
 
 LOGGING = {
     "version": 1,

@@ -77,3 +77,27 @@ aliased = task(_registered_under_another_name)
 @task
 def returns_nan() -> float:
     return float("nan")
+
+
+@task(takes_context=True, max_attempts=2, backoff=0)
+def sleeps_on_first_attempt(context: TaskContext, label: str, seconds: float) -> int:
+    """Record the start of each attempt's body; the first attempt then sleeps."""
+    Execution.objects.create(label=f"{label}:{context.attempt}")
+    if context.attempt == 1:
+        time.sleep(seconds)
+    return context.attempt
+
+
+@task(max_attempts=2, backoff=0, timeout=1)
+def busy_loop(label: str) -> None:
+    """Never return control: only a timeout that does not need the task's help stops it."""
+    Execution.objects.create(label=label)
+    while True:
+        pass
+
+
+@task(takes_context=True, max_attempts=2, backoff=2)
+def fails_first_attempt(context: TaskContext) -> int:
+    if context.attempt == 1:
+        raise RuntimeError("first attempt fails")
+    return context.attempt

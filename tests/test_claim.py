@@ -1,16 +1,12 @@
 """Real processes race to claim the same jobs: each job must be won exactly once."""
 
-import json
-import subprocess
-import sys
-import time
 from collections import Counter
 
 import pytest
 
 from django_jobstate.models import Job
 from django_jobstate.states import State
-from tests.conftest import ROOT, subprocess_env
+from tests.conftest import run_racers
 from tests.factories import JobFactory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -20,20 +16,7 @@ JOBS = 300
 
 
 def race(limit: int) -> list[list[int]]:
-    start_at = time.time() + 2.0
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.claimer", f"claimer-{n}", str(limit), str(start_at)],
-            cwd=ROOT,
-            env=subprocess_env(),
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        for n in range(CLAIMERS)
-    ]
-    outputs = [proc.communicate(timeout=120)[0] for proc in procs]
-    assert [proc.returncode for proc in procs] == [0] * CLAIMERS
-    return [json.loads(out) for out in outputs]
+    return run_racers([["claim", f"claimer-{n}", str(limit)] for n in range(CLAIMERS)])
 
 
 @pytest.mark.parametrize("limit", [1, 7])

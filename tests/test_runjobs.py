@@ -69,8 +69,7 @@ def test_a_signal_finishes_the_job_in_hand_then_exits(runjobs, signum):
     wait_for(lambda: Job.objects.running().exists())
     tasks.record.enqueue("must wait for the next worker")
 
-    proc.send_signal(signum)
-    out, _ = proc.communicate(timeout=30)
+    out = runjobs.stop(proc, signum)
 
     assert proc.returncode == 0, out
     assert tasks.sleep_then_record.get_result(slow.id).status == TaskResultStatus.SUCCESSFUL
@@ -85,8 +84,7 @@ def test_a_second_signal_stops_at_once_and_fails_the_attempt_as_interrupted(runj
 
     proc.send_signal(signal.SIGINT)
     time.sleep(0.2)
-    proc.send_signal(signal.SIGINT)
-    out, _ = proc.communicate(timeout=10)
+    out = runjobs.stop(proc, signal.SIGINT)
 
     assert proc.returncode == 0, out
     job = Job.objects.get(result_id=slow.id)

@@ -1,0 +1,37 @@
+"""A racing process for the race tests, started several times at once.
+
+    python -m tests.racer claim WORKER_ID LIMIT START_AT   # claim until nothing is left
+    python -m tests.racer rescue START_AT                  # fail lost workers' attempts
+
+It waits until the wall-clock time START_AT, so that all racers start together, then
+prints what it won as JSON: the claimed ids, or the number of attempts it failed.
+"""
+
+import json
+import sys
+import time
+
+import django
+
+
+def main() -> None:
+    action, *args = sys.argv[1:]
+    django.setup()
+    from django_jobstate.models import Job
+
+    Job.objects.exists()  # connect before the start line
+    time.sleep(max(0.0, float(args[-1]) - time.time()))
+    if action == "claim":
+        worker_id, limit = args[0], int(args[1])
+        won: list[int] = []
+        while batch := Job.objects.claim(worker_id, limit=limit):
+            won.extend(job.pk for job in batch)
+        print(json.dumps(won))
+    elif action == "rescue":
+        print(json.dumps(Job.objects.rescue_lost(lost_after=60)))
+    else:
+        raise SystemExit(f"unknown action {action!r}")
+
+
+if __name__ == "__main__":
+    main()
