@@ -1,77 +1,317 @@
-"""The admin: every job visible, nothing editable by hand, only queued jobs cancellable."""
+"""The admin as an operations console: every job visible, no state written by hand.
 
-from django.contrib import admin
+States move only through the conditional writes in managers.py. No form saves anything;
+the actions call those writes and report how many jobs they moved and how many they skipped
+because the job had moved on first (a worker claimed it, another operator got there, ...).
+
+Permissions: `view_job` shows jobs. `change_job` allows the Retry and Run now actions (the
+job page stays read-only for everyone, superusers included). `delete_job` allows cancelling,
+which deletes a job only while it is queued: from the Cancel action or a queued job's page.
+"""
+
+import json
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.db.models.functions import Least, Now
+from django.forms import BooleanField
+from django.http import HttpRequest, HttpResponse
+from django.utils import timezone
+from django.utils.formats import date_format
+from django.utils.html import format_html
+from django.utils.translation import gettext_lazy as _
+from django.utils.translation import ngettext
 
+from .admin_filters import (
+    CappedPaginator,
+    HasRetriesFilter,
+    QueueFilter,
+    TaskFilter,
+    date_navigation,
+    local,
+    state_counts,
+)
 from .exceptions import LostRace
 from .models import Job
 from .states import State
+
+ERROR_FIELDSET = (_("Error"), {"fields": ["error_class", "error_message", "traceback_pre"]})
+FIELDSETS = [
+    (None, {"fields": ["task_path", "state_badge", "failure_reason", "attempt_of", "result_id"]}),
+    ERROR_FIELDSET,
+    (_("Arguments and result"), {"fields": ["args_json", "kwargs_json", "return_value_json"]}),
+    (
+        _("Where and when"),
+        {
+            "fields": [
+                *["queue_name", "priority", "backend", "run_after", "enqueued_at"],
+                *["started_at", "finished_at", "duration", "worker_id"],
+            ]
+        },
+    ),
+    (_("Options"), {"fields": ["max_attempts", "backoff", "timeout"]}),
+]
+
+
+def format_duration(delta: timedelta) -> str:
+    seconds = delta.total_seconds()
+    if seconds < 60:
+        return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
+    minutes, seconds = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes} min {seconds:02d} s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min"
+
+
+def short_datetime(value: datetime) -> str:
+    """Compact and to the second, for columns: '2025-06-01 14:03:07'."""
+    return date_format(local(value), "Y-m-d H:i:s")
+
+
+def pretty_json(value: Any) -> str:
+    return format_html(
+        '<pre class="jobstate-pre">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False)
+    )
 
 
 @admin.register(Job)
 class JobAdmin(admin.ModelAdmin):
     list_display = [
         "id",
-        "task_name",
-        "state",
+        "task",
+        "state_badge",
         "queue_name",
         "priority",
         "attempt_of",
-        "enqueued_at",
-        "started_at",
-        "finished_at",
+        "enqueued",
+        "started",
+        "duration",
         "worker_id",
     ]
-    list_filter = ["state", "queue_name"]
-    search_fields = ["task_path", "=result_id", "=worker_id"]
+    list_filter = ["state", QueueFilter, TaskFilter, HasRetriesFilter]
+    search_fields = ["task_path", "worker_id__exact"]  # and ids: see get_search_results()
+    search_help_text = _("A job id, a result id, a worker id, or part of a task's path.")
+    date_hierarchy = "enqueued_at"
     ordering = ["-id"]
-    fields = readonly_fields = [
-        "result_id",
-        "task_path",
-        "state",
-        "failure_reason",
-        "attempt",
-        "max_attempts",
-        "previous",
-        "queue_name",
-        "priority",
-        "backend",
-        "args",
-        "kwargs",
-        "run_after",
-        "enqueued_at",
-        "started_at",
-        "finished_at",
-        "worker_id",
-        "timeout",
-        "backoff",
-        "return_value",
-        "error_class",
-        "error_message",
-        "traceback",
-    ]
+    actions = ["retry_jobs", "run_now", "cancel_jobs"]
+    # Never count the whole table: the paginator stops at SCAN_LIMIT, facets are off.
+    paginator = CappedPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    fieldsets = FIELDSETS
+    readonly_fields = [name for _title, options in FIELDSETS for name in options["fields"]]
 
-    @admin.display(description="attempt")
-    def attempt_of(self, job: Job) -> str:
-        return f"{job.attempt}/{job.max_attempts}"
+    class Media:
+        css = {"all": ["django_jobstate/admin.css"]}
+
+    # Permissions: derived from the state, never from a form.
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        return False  # states move only through the worker's conditional writes
+        return False  # no form writes a job: states move only through conditional writes
 
     def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        if obj is not None and obj.state != State.QUEUED:
+        # Only one queued job at a time, from its page: the bulk delete is the Cancel
+        # action, which reports the jobs a worker claimed first.
+        if obj is None or obj.state != State.QUEUED or not self.has_view_permission(request):
             return False
         return super().has_delete_permission(request, obj)
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """Retry and run now: the model's change permission, though no form ever saves."""
+        return super().has_change_permission(request)
+
+    def has_cancel_permission(self, request: HttpRequest) -> bool:
+        return super().has_delete_permission(request)
 
     def delete_model(self, request: HttpRequest, obj: Job) -> None:
         try:
             Job.objects.cancel(obj)
         except LostRace as exc:
-            self.message_user(request, str(exc), level="warning")
+            # A worker claimed it after this request read it: refuse, and the view's
+            # transaction drops its log entry of a deletion that did not happen.
+            raise PermissionDenied(str(exc)) from None
 
-    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        queryset.filter(state=State.QUEUED).delete()
+    # The list.
+
+    @admin.display(description=_("task"), ordering="task_path")
+    def task(self, job: Job) -> str:
+        return format_html('<span title="{}">{}</span>', job.task_path, job.task_name)
+
+    @admin.display(description=_("state"), ordering="state")
+    def state_badge(self, job: Job) -> str:
+        return format_html(
+            '<span class="jobstate-badge jobstate-{}">{}</span>', job.state, job.get_state_display()
+        )
+
+    @admin.display(description=_("attempt"))
+    def attempt_of(self, job: Job) -> str:
+        return f"{job.attempt}/{job.max_attempts}"
+
+    @admin.display(description=_("enqueued"), ordering="enqueued_at")
+    def enqueued(self, job: Job) -> str:
+        return short_datetime(job.enqueued_at)
+
+    @admin.display(description=_("started"), ordering="started_at")
+    def started(self, job: Job) -> str | None:
+        return short_datetime(job.started_at) if job.started_at else None
+
+    @admin.display(description=_("duration"))
+    def duration(self, job: Job) -> str:
+        if job.started_at is None:
+            return self.get_empty_value_display()
+        if job.finished_at is None:
+            return _("%(duration)s so far") % {
+                "duration": format_duration(timezone.now() - job.started_at)
+            }
+        return format_duration(job.finished_at - job.started_at)
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Job], search_term: str
+    ) -> tuple[QuerySet[Job], bool]:
+        # A job id or a result id finds its rows through an index, not a scan of task paths.
+        term = search_term.strip()
+        if term.isdigit():
+            return queryset.filter(pk=int(term)), False
+        try:
+            return queryset.filter(result_id=uuid.UUID(term)), False
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+
+    def changelist_view(
+        self, request: HttpRequest, extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        response = super().changelist_view(request, extra_context)
+        context = getattr(response, "context_data", None) or {}
+        if cl := context.get("cl"):
+            context["state_counts"] = state_counts(request, cl)
+            context["date_navigation"] = date_navigation(cl)
+            context["selection_note_all"] = _("All %(total_count)s selected") % {
+                "total_count": cl.paginator.display_count
+            }
+        return response
+
+    # The job page.
+
+    def get_fieldsets(self, request: HttpRequest, obj: Job | None = None) -> Any:
+        if obj is None or obj.state == State.FAILED:
+            return FIELDSETS
+        return [fieldset for fieldset in FIELDSETS if fieldset is not ERROR_FIELDSET]
+
+    def render_change_form(
+        self,
+        request: HttpRequest,
+        context: dict[str, Any],
+        add: bool = False,
+        change: bool = False,
+        form_url: str = "",
+        obj: Job | None = None,
+    ) -> HttpResponse:
+        if obj is not None:
+            # Every attempt of this logical task, for the history table under the fields.
+            attempts = list(Job.objects.attempts_of(obj.result_id))
+            for attempt in attempts:
+                attempt.duration_text = self.duration(attempt)
+            context["attempts"] = attempts
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    @admin.display(description=_("arguments"))
+    def args_json(self, job: Job) -> str:
+        return pretty_json(job.args)
+
+    @admin.display(description=_("keyword arguments"))
+    def kwargs_json(self, job: Job) -> str:
+        return pretty_json(job.kwargs)
+
+    @admin.display(description=_("return value"))
+    def return_value_json(self, job: Job) -> str:
+        if job.state != State.SUCCEEDED:
+            return self.get_empty_value_display()
+        return pretty_json(job.return_value)
+
+    @admin.display(description=_("traceback"))
+    def traceback_pre(self, job: Job) -> str:
+        if not job.traceback:
+            return self.get_empty_value_display()
+        return format_html('<pre class="jobstate-pre jobstate-traceback">{}</pre>', job.traceback)
+
+    # Actions: each one the same conditional write a worker uses.
+
+    @admin.action(description=_("Retry the selected failed jobs"), permissions=["operate"])
+    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        selected = self.selected_count(request, queryset)
+        retried = 0
+        for job in queryset:
+            try:
+                new = Job.objects.retry(job)
+            except LostRace:
+                continue
+            retried += 1
+            self.log_addition(request, new, f"Retry of job {job.pk}")
+        verb = ngettext(
+            "Queued a new attempt for %(done)d of %(selected)d selected job",
+            "Queued a new attempt for %(done)d of %(selected)d selected jobs",
+            selected,
+        )
+        self.report(request, verb, selected, retried, _("not failed, or already retried"))
+
+    @admin.action(description=_("Run the selected queued jobs now"), permissions=["operate"])
+    def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        selected = self.selected_count(request, queryset)
+        # One conditional UPDATE; a job that is already due keeps its place in the queue.
+        moved = queryset.queued().update(run_after=Least("run_after", Now()))
+        verb = ngettext(
+            "Set %(done)d of %(selected)d selected job to run now",
+            "Set %(done)d of %(selected)d selected jobs to run now",
+            selected,
+        )
+        self.report(request, verb, selected, moved, _("no longer queued"))
+
+    @admin.action(description=_("Cancel the selected queued jobs"), permissions=["cancel"])
+    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+        selected = self.selected_count(request, queryset)
+        cancelled = []
+        for job in queryset.queued():
+            try:
+                Job.objects.cancel(job)
+            except LostRace:
+                continue
+            cancelled.append(job)
+        if cancelled:
+            self.log_deletions(request, cancelled)
+        verb = ngettext(
+            "Cancelled %(done)d of %(selected)d selected job",
+            "Cancelled %(done)d of %(selected)d selected jobs",
+            selected,
+        )
+        self.report(request, verb, selected, len(cancelled), _("no longer queued"))
+
+    def selected_count(self, request: HttpRequest, queryset: QuerySet[Job]) -> int:
+        """How many jobs the operator selected, including any gone by now."""
+        if BooleanField().to_python(request.POST.get("select_across")):
+            return queryset.count()
+        return len(set(request.POST.getlist(ACTION_CHECKBOX_NAME)))
+
+    def report(
+        self, request: HttpRequest, verb: str, selected: int, done: int, skip_reason: str
+    ) -> None:
+        """Tell how many jobs an action moved and how many it skipped because they moved on."""
+        selected = max(selected, done)
+        skipped = selected - done
+        message = verb % {"done": done, "selected": selected}
+        if skipped:
+            message += _("; skipped %(skipped)d (%(reason)s).") % {
+                "skipped": skipped,
+                "reason": skip_reason,
+            }
+        else:
+            message += _("; skipped 0.")
+        self.message_user(request, message, messages.WARNING if skipped else messages.SUCCESS)

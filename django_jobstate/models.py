@@ -117,6 +117,10 @@ class Job(models.Model):
             models.Index(
                 fields=["worker_id"], condition=Q(state=State.RUNNING), name="jobstate_job_running"
             ),
+            # The admin: capped counts per state, and the list filtered by state, newest first.
+            models.Index(fields=["state", "-id"], name="jobstate_job_by_state"),
+            # The admin's date navigation (MIN/MAX) and its date ranges.
+            models.Index(fields=["enqueued_at"], name="jobstate_job_by_enqueued"),
         ]
 
     def __str__(self) -> str:

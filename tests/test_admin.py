@@ -1,0 +1,597 @@
+"""The job admin through the Django test client: permissions, actions, races, the pages."""
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.models import LogEntry
+from django.contrib.auth.models import Permission, User
+from django.contrib.messages import get_messages
+from django.db import connection
+from django.db.models.signals import pre_delete
+from django.forms.models import model_to_dict
+from django.test import Client
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+from django.utils import timezone
+
+from django_jobstate import admin_filters
+from django_jobstate.exceptions import LostRace
+from django_jobstate.models import Job
+from django_jobstate.states import State
+from tests.factories import JobFactory
+
+pytestmark = pytest.mark.django_db
+
+LIST_URL = reverse("admin:django_jobstate_job_changelist")
+NOT_QUEUED = [State.RUNNING, State.SUCCEEDED, State.FAILED]
+
+
+def change_url(job: Job) -> str:
+    return reverse("admin:django_jobstate_job_change", args=[job.pk])
+
+
+def delete_url(job: Job) -> str:
+    return reverse("admin:django_jobstate_job_delete", args=[job.pk])
+
+
+def login(client: Client, *perms: str, superuser: bool = False) -> User:
+    """Log in a staff user holding `perms` ('view', 'change', 'delete' on Job)."""
+    user = User.objects.create_user(
+        f"user{User.objects.count()}", is_staff=True, is_superuser=superuser
+    )
+    user.user_permissions.set(
+        Permission.objects.filter(
+            content_type__app_label="django_jobstate", codename__in=[f"{p}_job" for p in perms]
+        )
+    )
+    client.force_login(user)
+    return user
+
+
+def run_action(client: Client, action: str, *jobs: Job, url: str = LIST_URL, **extra: str):
+    data = {"action": action, "index": "0", ACTION_CHECKBOX_NAME: [j.pk for j in jobs], **extra}
+    return client.post(url, data)
+
+
+def messages_of(response) -> list[str]:
+    return [str(message) for message in get_messages(response.wsgi_request)]
+
+
+def row(job: Job) -> dict:
+    """Everything stored for `job`, read back from the database."""
+    return model_to_dict(Job.objects.get(pk=job.pk), fields=[f.name for f in Job._meta.fields])
+
+
+# Permissions.
+
+
+def test_staff_without_view_permission_sees_nothing(client):
+    login(client, "delete")
+    job = JobFactory.in_state(State.QUEUED)
+    assert client.get(LIST_URL).status_code == 403
+    assert client.get(change_url(job)).status_code == 403
+    assert client.get(delete_url(job)).status_code == 403
+    assert client.post(delete_url(job), {"post": "yes"}).status_code == 403
+    assert run_action(client, "cancel_jobs", job).status_code == 403
+    assert Job.objects.filter(pk=job.pk).exists()
+    assert "django_jobstate" not in client.get(reverse("admin:index")).content.decode()
+
+
+def test_anonymous_user_is_sent_to_the_login_page(client):
+    response = client.get(LIST_URL)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("admin:login"))
+
+
+def test_nobody_can_add_a_job(client):
+    login(client, superuser=True)
+    assert client.get(reverse("admin:django_jobstate_job_add")).status_code == 403
+    response = client.post(reverse("admin:django_jobstate_job_add"), {"task_path": "x"})
+    assert response.status_code == 403
+    assert not Job.objects.exists()
+    assert reverse("admin:django_jobstate_job_add") not in client.get(LIST_URL).content.decode()
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_job_page_is_read_only_for_a_superuser(client, state):
+    login(client, superuser=True)
+    job = JobFactory.in_state(state)
+    response = client.get(change_url(job))
+    assert response.context["adminform"].form.fields == {}  # every field read-only
+    html = response.content.decode()
+    assert 'name="_save"' not in html
+    assert 'name="_continue"' not in html
+    assert 'class="closelink"' in html
+    assert ('class="deletelink"' in html) == (state == State.QUEUED)
+
+
+@pytest.mark.parametrize("state", list(State))
+def test_hand_crafted_post_to_the_change_url_is_refused(client, state):
+    login(client, superuser=True)
+    job = JobFactory.in_state(state)
+    before = row(job)
+    data = {
+        "state": State.SUCCEEDED,
+        "task_path": "tests.tasks.boom",
+        "args": '["evil"]',
+        "attempt": "9",
+        "queue_name": "other",
+        "priority": "99",
+        "run_after": "2000-01-01 00:00:00",
+        "_save": "Save",
+    }
+    assert client.post(change_url(job), data).status_code == 403
+    assert row(job) == before
+
+
+@pytest.mark.parametrize("state", NOT_QUEUED)
+def test_hand_crafted_post_to_the_delete_url_of_a_started_job_is_refused(client, state):
+    login(client, superuser=True)
+    job = JobFactory.in_state(state)
+    before = row(job)
+    assert client.get(delete_url(job)).status_code == 403
+    assert client.post(delete_url(job), {"post": "yes"}).status_code == 403
+    assert row(job) == before
+
+
+def test_a_queued_job_is_cancelled_from_its_delete_page_with_the_delete_permission(client):
+    job = JobFactory.in_state(State.QUEUED)
+    login(client, "view")
+    assert client.post(delete_url(job), {"post": "yes"}).status_code == 403
+    assert 'class="deletelink"' not in client.get(change_url(job)).content.decode()
+
+    user = login(client, "view", "delete")
+    assert 'class="deletelink"' in client.get(change_url(job)).content.decode()
+    assert client.get(delete_url(job)).status_code == 200
+    response = client.post(delete_url(job), {"post": "yes"})
+    assert response.status_code == 302
+    assert not Job.objects.filter(pk=job.pk).exists()
+    assert LogEntry.objects.get(user=user).is_deletion()
+
+
+def test_delete_page_refuses_a_job_claimed_after_it_was_read(client, monkeypatch):
+    """The worker wins between the view's read and its conditional delete: nothing changes.
+
+    The claim cannot run inside the view's own transaction (it would be rolled back with
+    it), so the cancel is made to lose the race the way it does when a worker commits first.
+    """
+    login(client, "view", "delete")
+    job = JobFactory.in_state(State.QUEUED)
+
+    def lose_the_race(job_to_cancel):
+        raise LostRace(f"Job {job_to_cancel.pk} is no longer queued; it was not cancelled.")
+
+    monkeypatch.setattr(Job.objects, "cancel", lose_the_race)
+    assert client.post(delete_url(job), {"post": "yes"}).status_code == 403
+    assert Job.objects.filter(pk=job.pk).exists()
+    assert not LogEntry.objects.exists()  # no record of a deletion that did not happen
+
+
+def test_view_permission_offers_no_actions_and_refuses_posted_ones(client):
+    login(client, "view")
+    failed, queued = JobFactory.in_state(State.FAILED), JobFactory.in_state(State.QUEUED)
+    response = client.get(LIST_URL)
+    assert response.status_code == 200
+    assert response.context["action_form"] is None
+    for action, job in [
+        ("retry_jobs", failed),
+        ("run_now", queued),
+        ("cancel_jobs", queued),
+        ("delete_selected", queued),
+    ]:
+        before = row(job)
+        run_action(client, action, job)
+        assert row(job) == before
+    assert Job.objects.count() == 2
+
+
+def test_actions_follow_the_change_and_delete_permissions(client):
+    def offered() -> set[str]:
+        form = client.get(LIST_URL).context["action_form"]
+        return {name for name, _label in form.fields["action"].choices if name} if form else set()
+
+    login(client, "view", "change")
+    assert offered() == {"retry_jobs", "run_now"}
+    login(client, "view", "delete")
+    assert offered() == {"cancel_jobs"}  # and never the stock bulk delete
+    login(client, superuser=True)
+    assert offered() == {"retry_jobs", "run_now", "cancel_jobs"}
+
+
+def test_change_permission_alone_cannot_cancel(client):
+    login(client, "view", "change")
+    job = JobFactory.in_state(State.QUEUED)
+    run_action(client, "cancel_jobs", job)
+    assert Job.objects.filter(pk=job.pk).exists()
+
+
+def test_delete_permission_alone_cannot_retry(client):
+    login(client, "view", "delete")
+    job = JobFactory.in_state(State.FAILED)
+    run_action(client, "retry_jobs", job)
+    assert Job.objects.count() == 1
+
+
+# Actions, and actions racing a worker.
+
+
+def test_retry_creates_the_next_attempt_and_leaves_the_failed_one(client):
+    user = login(client, "view", "change")
+    failed = JobFactory.in_state(State.FAILED, max_attempts=3)
+    succeeded = JobFactory.in_state(State.SUCCEEDED)
+    before = row(failed)
+    response = run_action(client, "retry_jobs", failed, succeeded)
+    assert response.status_code == 302
+    assert messages_of(response) == [
+        "Queued a new attempt for 1 of 2 selected jobs; skipped 1 (not failed, or already retried)."
+    ]
+    assert row(failed) == before
+    new = Job.objects.get(previous=failed)
+    assert (new.state, new.attempt, new.result_id) == (State.QUEUED, 2, failed.result_id)
+    assert LogEntry.objects.get(user=user).object_id == str(new.pk)
+
+
+def test_retry_skips_a_job_already_retried_by_someone_else(client):
+    login(client, "view", "change")
+    failed = JobFactory.in_state(State.FAILED)
+    response = client.get(LIST_URL)  # the operator's list ...
+    assert failed in response.context["cl"].result_list
+    Job.objects.retry(failed)  # ... while another operator retries it first
+    response = run_action(client, "retry_jobs", failed)
+    assert messages_of(response) == [
+        "Queued a new attempt for 0 of 1 selected job; skipped 1 (not failed, or already retried)."
+    ]
+    assert Job.objects.filter(result_id=failed.result_id).count() == 2
+
+
+def test_retry_of_an_older_attempt_is_skipped(client):
+    login(client, "view", "change")
+    first = JobFactory.in_state(State.FAILED)
+    JobFactory.in_state(State.FAILED, result_id=first.result_id, attempt=2, previous=first)
+    response = run_action(client, "retry_jobs", first)
+    assert "skipped 1" in messages_of(response)[0]
+    assert Job.objects.filter(result_id=first.result_id).count() == 2
+
+
+def test_run_now_moves_only_queued_jobs_and_keeps_due_ones_in_place(client):
+    login(client, "view", "change")
+    later = JobFactory.in_state(State.QUEUED, run_after=timezone.now() + timedelta(hours=1))
+    due_at = timezone.now() - timedelta(hours=1)
+    due = JobFactory.in_state(State.QUEUED, run_after=due_at)
+    running = JobFactory.in_state(State.RUNNING)
+    before = row(running)
+    response = run_action(client, "run_now", later, due, running)
+    assert messages_of(response) == [
+        "Set 2 of 3 selected jobs to run now; skipped 1 (no longer queued)."
+    ]
+    later.refresh_from_db()
+    due.refresh_from_db()
+    assert later.run_after <= timezone.now()
+    assert due.run_after == due_at
+    assert row(running) == before
+    assert [job.pk for job in Job.objects.claim("w", limit=5)] == [due.pk, later.pk]
+
+
+def test_run_now_skips_a_job_claimed_after_the_list_was_shown(client):
+    login(client, "view", "change")
+    job = JobFactory.in_state(State.QUEUED, run_after=timezone.now() - timedelta(seconds=1))
+    assert job in client.get(LIST_URL).context["cl"].result_list
+    [claimed] = Job.objects.claim("w1")
+    before = row(claimed)
+    response = run_action(client, "run_now", job)
+    assert messages_of(response) == [
+        "Set 0 of 1 selected job to run now; skipped 1 (no longer queued)."
+    ]
+    assert row(job) == before
+
+
+def test_cancel_deletes_queued_jobs_only(client):
+    user = login(client, "view", "delete")
+    queued = JobFactory.in_state(State.QUEUED)
+    others = [JobFactory.in_state(state) for state in NOT_QUEUED]
+    before = [row(job) for job in others]
+    response = run_action(client, "cancel_jobs", queued, *others)
+    assert messages_of(response) == [
+        "Cancelled 1 of 4 selected jobs; skipped 3 (no longer queued)."
+    ]
+    assert not Job.objects.filter(pk=queued.pk).exists()
+    assert [row(job) for job in others] == before
+    assert LogEntry.objects.get(user=user).object_id == str(queued.pk)
+
+
+def test_cancel_skips_a_job_claimed_after_the_list_was_shown(client):
+    login(client, "view", "delete")
+    job = JobFactory.in_state(State.QUEUED)
+    assert job in client.get(LIST_URL + "?state__exact=queued").context["cl"].result_list
+    assert [claimed.pk for claimed in Job.objects.claim("w1")] == [job.pk]
+    response = run_action(client, "cancel_jobs", job, url=LIST_URL + "?state__exact=queued")
+    assert messages_of(response) == ["Cancelled 0 of 1 selected job; skipped 1 (no longer queued)."]
+    job.refresh_from_db()
+    assert (job.state, job.worker_id) == (State.RUNNING, "w1")
+
+
+def test_cancel_skips_a_job_claimed_during_the_action(client, monkeypatch):
+    """The worker wins between the action's read and the conditional delete."""
+    login(client, "view", "delete")
+    job = JobFactory.in_state(State.QUEUED)
+    cancel = Job.objects.cancel
+
+    def claim_first(job_to_cancel):
+        Job.objects.claim("w1")
+        return cancel(job_to_cancel)
+
+    monkeypatch.setattr(Job.objects, "cancel", claim_first)
+    response = run_action(client, "cancel_jobs", job)
+    assert messages_of(response) == ["Cancelled 0 of 1 selected job; skipped 1 (no longer queued)."]
+    assert Job.objects.get(pk=job.pk).state == State.RUNNING
+
+
+def test_cancel_never_deletes_a_job_claimed_between_read_and_delete(client):
+    """A worker claims the job at the last moment: after the read, before the DELETE.
+
+    QuerySet.delete() reads the rows, sends pre_delete, then deletes them by pk alone: a
+    claim in that window would be deleted while running. The cancel must be one DELETE
+    conditional on the state, which leaves no window (and sends no pre_delete).
+    """
+    login(client, "view", "delete")
+    job = JobFactory.in_state(State.QUEUED)
+    claimed = []
+
+    def claim(sender, instance, **kwargs):
+        claimed.extend(Job.objects.claim("w1"))
+
+    pre_delete.connect(claim, sender=Job)
+    try:
+        run_action(client, "cancel_jobs", job)
+    finally:
+        pre_delete.disconnect(claim, sender=Job)
+    if claimed:  # the delete left room for the claim: the running job must survive it
+        assert Job.objects.get(pk=job.pk).state == State.RUNNING
+    else:  # one DELETE ... WHERE state = queued: no room for a claim in between
+        assert not Job.objects.filter(pk=job.pk).exists()
+
+
+def test_cancel_skips_a_job_already_cancelled(client):
+    login(client, "view", "delete")
+    gone, kept = JobFactory.in_state(State.QUEUED), JobFactory.in_state(State.QUEUED)
+    Job.objects.cancel(gone)
+    response = run_action(client, "cancel_jobs", gone, kept)
+    assert messages_of(response) == [
+        "Cancelled 1 of 2 selected jobs; skipped 1 (no longer queued)."
+    ]
+    assert not Job.objects.exists()
+
+
+def test_actions_on_all_matching_jobs_count_what_they_selected(client):
+    login(client, "view", "delete")
+    queued = JobFactory.create_batch(3)
+    JobFactory.in_state(State.RUNNING)
+    response = run_action(client, "cancel_jobs", queued[0], select_across="1")
+    assert messages_of(response) == [
+        "Cancelled 3 of 4 selected jobs; skipped 1 (no longer queued)."
+    ]
+    assert Job.objects.get().state == State.RUNNING
+
+
+# The list.
+
+
+def test_list_shows_the_operators_columns(client):
+    login(client, "view")
+    job = JobFactory.in_state(
+        State.FAILED, attempt=2, max_attempts=5, queue_name="emails", priority=7, worker_id="w-9"
+    )
+    job.finished_at = job.started_at + timedelta(seconds=75)
+    job.save()
+    html = client.get(LIST_URL).content.decode()
+    for text in [
+        '<span title="tests.tasks.record">record</span>',
+        '<span class="jobstate-badge jobstate-failed">Failed</span>',
+        "emails",
+        "2/5",
+        "1 min 15 s",
+        "w-9",
+        'class="jobstate-count jobstate-failed"',
+        "django_jobstate/admin.css",
+    ]:
+        assert text in html
+
+
+def test_duration_of_a_running_job_is_so_far(client):
+    login(client, "view")
+    JobFactory.in_state(State.RUNNING, started_at=timezone.now() - timedelta(seconds=5))
+    assert " s so far" in client.get(LIST_URL).content.decode()
+
+
+def state_counts(response) -> dict[str, tuple[str, bool]]:
+    return {r["state"]: (r["count"], r["selected"]) for r in response.context["state_counts"]}
+
+
+def test_counts_per_state_follow_every_filter_but_the_state_filter(client):
+    login(client, "view")
+    for state, n in [(State.QUEUED, 3), (State.RUNNING, 1), (State.FAILED, 2)]:
+        JobFactory.create_batch(n, **({} if state == State.QUEUED else {state: True}))
+    JobFactory.in_state(State.FAILED, queue_name="emails")
+    assert state_counts(client.get(LIST_URL)) == {
+        "all": ("7", True),
+        "queued": ("3", False),
+        "running": ("1", False),
+        "succeeded": ("0", False),
+        "failed": ("3", False),
+    }
+    response = client.get(LIST_URL, {"state__exact": "failed", "queue_name": "default"})
+    assert len(response.context["cl"].result_list) == 2
+    assert state_counts(response) == {
+        "all": ("6", False),
+        "queued": ("3", False),
+        "running": ("1", False),
+        "succeeded": ("0", False),
+        "failed": ("2", True),
+    }
+
+
+def test_no_count_reads_the_whole_table(client, monkeypatch):
+    monkeypatch.setattr(admin_filters, "SCAN_LIMIT", 3)
+    login(client, "view")
+    JobFactory.create_batch(5)
+    JobFactory.in_state(State.FAILED)
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(LIST_URL)
+    counts = [q["sql"] for q in queries if "COUNT(" in q["sql"].upper()]
+    assert counts
+    assert all("LIMIT 4" in sql for sql in counts), counts
+    assert not [q["sql"] for q in queries if "DISTINCT" in q["sql"].upper()]
+    html = response.content.decode()
+    assert "3+ jobs" in html
+    assert state_counts(response)["queued"] == ("3+", False)
+    assert state_counts(response)["all"] == ("4+", True)
+    assert "3+ results" in client.get(LIST_URL, {"q": "record"}).content.decode()
+
+
+def test_search_by_id_result_id_task_path_and_worker(client):
+    login(client, "view")
+    record = JobFactory.in_state(State.RUNNING, worker_id="host-1")
+    email = JobFactory.in_state(State.QUEUED, task_path="tests.tasks.email")
+
+    def found(term: str) -> set[int]:
+        return {job.pk for job in client.get(LIST_URL, {"q": term}).context["cl"].result_list}
+
+    assert found(str(email.pk)) == {email.pk}
+    assert found(f" {email.pk} ") == {email.pk}
+    assert found(str(record.result_id)) == {record.pk}
+    assert found(str(record.result_id).upper()) == {record.pk}
+    assert found("tasks.email") == {email.pk}
+    assert found("host-1") == {record.pk}
+    assert found("nothing-like-this") == set()
+
+
+def test_filters_by_queue_task_and_retries(client):
+    login(client, "view")
+    first = JobFactory.in_state(State.FAILED, queue_name="emails")
+    second = JobFactory.in_state(State.QUEUED, result_id=first.result_id, attempt=2, previous=first)
+    single = JobFactory.in_state(State.SUCCEEDED, task_path="tests.tasks.email")
+
+    def listed(**params: str) -> set[int]:
+        return {job.pk for job in client.get(LIST_URL, params).context["cl"].result_list}
+
+    assert listed(retried="yes") == {first.pk, second.pk}
+    assert listed(retried="no") == {single.pk}
+    assert listed(queue_name="emails") == {first.pk}
+    assert listed(task="tests.tasks.email") == {single.pk}
+    html = client.get(LIST_URL).content.decode()
+    assert "?queue_name=emails" in html
+    assert "?task=tests.tasks.email" in html
+
+
+def at(*args: int) -> datetime:
+    return datetime(*args, tzinfo=UTC)
+
+
+def date_choices(client, **params: str) -> list[tuple[str, str]]:
+    navigation = client.get(LIST_URL, params).context["date_navigation"]
+    return [(choice["title"], choice.get("link", "")) for choice in navigation["choices"]]
+
+
+def test_date_navigation_offers_the_calendar_between_the_first_and_last_job(client):
+    login(client, "view")
+    JobFactory.in_state(State.QUEUED, enqueued_at=at(2024, 3, 3, 12))
+    JobFactory.in_state(State.QUEUED, enqueued_at=at(2024, 3, 5, 23))
+    days = date_choices(client)
+    assert [title for title, _link in days] == ["March 3", "March 4", "March 5"]
+    assert "enqueued_at__day=4" in days[1][1]
+
+    JobFactory.in_state(State.QUEUED, enqueued_at=at(2024, 5, 1))
+    assert [title for title, _link in date_choices(client)] == [
+        "March 2024",
+        "April 2024",
+        "May 2024",
+    ]
+    JobFactory.in_state(State.QUEUED, enqueued_at=at(2022, 12, 31))
+    assert [title for title, _link in date_choices(client)] == ["2022", "2023", "2024"]
+    assert [title for title, _link in date_choices(client, enqueued_at__year="2024")] == [
+        "March 2024",
+        "April 2024",
+        "May 2024",
+    ]
+    assert [
+        title
+        for title, _link in date_choices(client, enqueued_at__year="2024", enqueued_at__month="3")
+    ] == ["March 3", "March 4", "March 5"]
+    response = client.get(
+        LIST_URL, {"enqueued_at__year": "2024", "enqueued_at__month": "3", "enqueued_at__day": "5"}
+    )
+    assert [job.enqueued_at for job in response.context["cl"].result_list] == [at(2024, 3, 5, 23)]
+    assert 'class="toplinks"' in response.content.decode()
+
+
+def test_queue_filter_offers_recent_queues_and_the_chosen_one(client, monkeypatch):
+    monkeypatch.setattr(admin_filters, "SCAN_LIMIT", 1)
+    login(client, "view")
+    old = JobFactory.in_state(State.QUEUED, queue_name="reports")
+    JobFactory.in_state(State.QUEUED, queue_name="emails")
+
+    def queues(**params: str) -> list[str]:
+        spec = next(
+            spec
+            for spec in client.get(LIST_URL, params).context["cl"].filter_specs
+            if getattr(spec, "parameter_name", "") == "queue_name"
+        )
+        return [value for value, _label in spec.lookup_choices]
+
+    assert queues() == ["emails"]
+    assert queues(queue_name="reports") == ["emails", "reports"]
+    assert [
+        job.pk for job in client.get(LIST_URL, {"queue_name": "reports"}).context["cl"].result_list
+    ] == [old.pk]
+
+
+def test_date_navigation_of_an_empty_list(client):
+    login(client, "view")
+    assert date_choices(client) == []
+
+
+# The job page.
+
+
+def test_job_page_shows_payloads_traceback_and_every_attempt(client):
+    login(client, "view")
+    first = JobFactory.in_state(State.FAILED, max_attempts=3)
+    second = JobFactory.in_state(
+        State.FAILED,
+        args=["a", 1],
+        kwargs={"to": "ü@example.com"},
+        result_id=first.result_id,
+        attempt=2,
+        previous=first,
+        max_attempts=3,
+        worker_id="w-2",
+        error_class="builtins.KeyError",
+        error_message="'missing'",
+        traceback="Traceback (most recent call last):\n  File \"x.py\"\nKeyError: 'missing'\n",
+    )
+    third = JobFactory.in_state(State.QUEUED, result_id=first.result_id, attempt=3, previous=second)
+    JobFactory.in_state(State.FAILED)  # another task: not in the history
+    response = client.get(change_url(second))
+    html = response.content.decode()
+    assert '<pre class="jobstate-pre">[\n  &quot;a&quot;,\n  1\n]</pre>' in html
+    assert "&quot;to&quot;: &quot;ü@example.com&quot;" in html
+    assert 'class="fieldset-heading">Error</h2>' in html
+    assert '<pre class="jobstate-pre jobstate-traceback">Traceback' in html
+    assert "KeyError: &#x27;missing&#x27;" in html
+    assert [a.pk for a in response.context["attempts"]] == [first.pk, second.pk, third.pk]
+    history = html.split("Attempts of this task")[1].split("</table>")[0]
+    assert f'href="{change_url(first)}"' in history
+    assert f'href="{change_url(third)}"' in history
+    assert f'href="{change_url(second)}"' not in history  # this page
+    assert "builtins.KeyError" in history
+    assert "w-2" in history
+
+
+def test_succeeded_job_page_shows_the_return_value_and_no_error_section(client):
+    login(client, "view")
+    job = JobFactory.in_state(State.SUCCEEDED, return_value={"sent": 3})
+    html = client.get(change_url(job)).content.decode()
+    assert "&quot;sent&quot;: 3" in html
+    assert "jobstate-traceback" not in html
+    assert 'class="fieldset-heading">Error</h2>' not in html

@@ -1,0 +1,189 @@
+"""The job admin in a real browser: Debian's headless Chromium against a live test server.
+
+Never a downloaded browser or driver: both paths are explicit, so Selenium Manager has
+nothing to fetch. Without them the test skips with a loud reason, except under CI=true,
+where it fails: CI installs them (.ci/run) and must not skip.
+"""
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from django_jobstate.models import Job
+from django_jobstate.states import State
+from tests.factories import JobFactory
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMEDRIVER = Path("/usr/bin/chromedriver")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
+
+
+def not_available(reason: str) -> None:
+    reason = f"BROWSER TEST NOT RUN: {reason}"
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{reason} (CI=true: browser tests must run in CI)", pytrace=False)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
+    missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.exists()]
+    if missing:
+        not_available(
+            f"{' and '.join(missing)} not found. Install Debian's packages: "
+            f"apt-get install chromium chromium-driver"
+        )
+    try:
+        from selenium import webdriver
+        from selenium.webdriver.chrome.service import Service
+    except ImportError:
+        not_available("selenium is not installed (it is in the test dependency group)")
+    # Belt and braces: Selenium Manager must never download a browser or a driver.
+    monkeypatch.setenv("SE_OFFLINE", "true")
+    monkeypatch.setenv("SE_AVOID_STATS", "true")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in [
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--window-size=1440,1000",
+        f"--user-data-dir={tmp_path / 'chromium-profile'}",
+    ]:
+        options.add_argument(flag)
+    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
+    yield driver
+    driver.quit()
+
+
+def click_and_load(driver, element) -> None:
+    """Click something that loads a new page, and wait until the old one is gone."""
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    html = driver.find_element("tag name", "html")
+    element.click()
+    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(html))
+
+
+def screenshot(driver, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    # The whole page, not just the window: resize to the document's height first.
+    height = driver.execute_script("return document.documentElement.scrollHeight")
+    driver.set_window_size(1440, max(1000, height))
+    assert driver.save_screenshot(str(ARTIFACTS / name))
+    driver.set_window_size(1440, 1000)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_operator_finds_a_failed_job_and_retries_it(browser, live_server):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    driver = browser
+    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
+    operator.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_job", "change_job"])
+    )
+    first = JobFactory.in_state(State.FAILED, task_path="tests.tasks.boom", max_attempts=3)
+    failed = JobFactory.in_state(
+        State.FAILED,
+        task_path="tests.tasks.boom",
+        args=["disk full"],
+        kwargs={"retry": True, "to": ["ops@example.com"]},
+        result_id=first.result_id,
+        attempt=2,
+        previous=first,
+        max_attempts=3,
+        worker_id="web-1:4242",
+        error_message="disk full",
+        traceback=(
+            "Traceback (most recent call last):\n"
+            '  File "/app/tests/tasks.py", line 24, in boom\n'
+            "    raise ValueError(message)\n"
+            "ValueError: disk full\n"
+        ),
+    )
+    succeeded = JobFactory.in_state(State.SUCCEEDED, return_value={"sent": 3})
+    JobFactory.in_state(State.RUNNING, task_path="tests.tasks.email", queue_name="emails")
+    JobFactory.in_state(State.QUEUED, priority=10)
+
+    # Log in through the login form.
+    driver.get(f"{live_server.url}/admin/django_jobstate/job/")
+    driver.find_element(By.NAME, "username").send_keys("operator")
+    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    assert driver.find_element(By.ID, "changelist")
+    assert driver.find_element(By.CSS_SELECTOR, ".jobstate-count.jobstate-all").text == "All 5"
+
+    # Filter failed jobs.
+    filters = driver.find_element(By.ID, "changelist-filter")
+    click_and_load(driver, filters.find_element(By.LINK_TEXT, "Failed"))
+    assert "state__exact=failed" in driver.current_url
+    rows = driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    assert len(rows) == 2
+    assert {badge.text for badge in driver.find_elements(By.CSS_SELECTOR, ".jobstate-badge")} == {
+        "FAILED"
+    }
+    screenshot(driver, "admin-job-list.png")
+
+    # Open the latest attempt: its traceback and the task's attempts.
+    click_and_load(driver, driver.find_element(By.LINK_TEXT, str(failed.pk)))
+    traceback = driver.find_element(By.CSS_SELECTOR, "pre.jobstate-traceback")
+    assert "ValueError: disk full" in traceback.text
+    assert "monospace" in traceback.value_of_css_property("font-family")
+    history = driver.find_elements(By.CSS_SELECTOR, ".jobstate-history tbody tr")
+    assert [row.text.split()[0] for row in history] == ["1/3", "2/3"]
+    assert (
+        history[0]
+        .find_element(By.TAG_NAME, "a")
+        .get_attribute("href")
+        .endswith(f"/job/{first.pk}/change/")
+    )
+    assert not driver.find_elements(By.NAME, "_save")
+    screenshot(driver, "admin-failed-job.png")
+
+    # Back in the filtered list, select it and run the retry action.
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "a.closelink"))
+    assert "state__exact=failed" in driver.current_url
+    driver.find_element(By.CSS_SELECTOR, f"input.action-select[value='{failed.pk}']").click()
+    Select(driver.find_element(By.NAME, "action")).select_by_value("retry_jobs")
+    click_and_load(
+        driver, driver.find_element(By.CSS_SELECTOR, "#changelist-form button[name=index]")
+    )
+    message = driver.find_element(By.CSS_SELECTOR, ".messagelist .success").text
+    assert message == "Queued a new attempt for 1 of 1 selected job; skipped 0.", message
+    screenshot(driver, "admin-after-retry.png")
+
+    # The new attempt is queued.
+    new = Job.objects.get(previous=failed)
+    assert (new.state, new.attempt) == (State.QUEUED, 3)
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, ".jobstate-count.jobstate-queued"))
+    row = driver.find_element(By.XPATH, f"//tr[.//a[text()='{new.pk}']]")
+    assert "QUEUED" in row.text
+    assert "3/3" in row.text
+
+    # A succeeded job's page offers neither save nor delete.
+    driver.get(f"{live_server.url}/admin/django_jobstate/job/{succeeded.pk}/change/")
+    pres = [pre.text for pre in driver.find_elements(By.CSS_SELECTOR, "pre.jobstate-pre")]
+    assert '{\n  "sent": 3\n}' in pres
+    assert not driver.find_elements(By.CSS_SELECTOR, "input[type=submit]")
+    assert not driver.find_elements(By.CSS_SELECTOR, "a.deletelink")
+    assert driver.find_element(By.CSS_SELECTOR, "a.closelink")
+
+
+def test_a_missing_browser_skips_loudly_but_fails_under_ci(monkeypatch):
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="must run in CI"):
+        not_available("/usr/bin/chromium not found")
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="BROWSER TEST NOT RUN"):
+        not_available("/usr/bin/chromium not found")
