@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.core.signals import setting_changed
 from django.db.backends.signals import connection_created
 
 
@@ -9,6 +10,8 @@ class JobStateConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .conf import reload_settings
         from .receivers import configure_sqlite
 
         connection_created.connect(configure_sqlite, dispatch_uid="django_jobstate.sqlite")
+        setting_changed.connect(reload_settings, dispatch_uid="django_jobstate.settings")

@@ -1,6 +1,8 @@
 """The app's settings: `JOBSTATE_*` names in the project's settings, with defaults."""
 
+import functools
 from dataclasses import dataclass, fields
+from typing import Any
 
 from django.conf import settings as django_settings
 
@@ -23,8 +25,9 @@ class Settings:
     MAX_BACKOFF: float = 3600.0
 
 
+@functools.cache
 def get_settings() -> Settings:
-    """Read the JOBSTATE_* settings now (so override_settings works in tests)."""
+    """The JOBSTATE_* settings; read once, again after a setting_changed signal (tests)."""
     return Settings(
         **{
             f.name: getattr(django_settings, f"JOBSTATE_{f.name}")
@@ -32,3 +35,9 @@ def get_settings() -> Settings:
             if hasattr(django_settings, f"JOBSTATE_{f.name}")
         }
     )
+
+
+def reload_settings(*, setting: str, **kwargs: Any) -> None:
+    """Receiver of setting_changed (connected in JobStateConfig.ready())."""
+    if setting.startswith("JOBSTATE_"):
+        get_settings.cache_clear()

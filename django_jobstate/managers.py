@@ -16,6 +16,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -57,6 +58,18 @@ def backoff_delay(backoff: float, attempt: int) -> float:
     return min(cap, backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
 
 
+def _now_sql(connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
+    """SQL for "now" in a conditional write, and its parameters.
+
+    PostgreSQL: the database clock, so a worker whose clock is off cannot run a job early.
+    SQLite: this process's clock, as SQLite's has only milliseconds and run_after has
+    microseconds (a job due now would wait); SQLite is one machine with one clock.
+    """
+    if connection.vendor == "postgresql":
+        return "STATEMENT_TIMESTAMP()", []
+    return "%s", [connection.ops.adapt_datetimefield_value(timezone.now())]
+
+
 class JobQuerySet(models.QuerySet["Job"]):
     def queued(self) -> JobQuerySet:
         return self.filter(state=State.QUEUED)
@@ -77,6 +90,77 @@ class JobQuerySet(models.QuerySet["Job"]):
     def attempts_of(self, result_id: str | uuid.UUID) -> JobQuerySet:
         return self.filter(result_id=result_id).order_by("attempt")
 
+    def prunable(self, older_than: timedelta, states: Iterable[str] | None = None) -> JobQuerySet:
+        """Terminal attempts that finished more than `older_than` ago, by the database clock.
+
+        Never an attempt of a task that still has a live attempt: a retrying task keeps its
+        whole history until it is done.
+        """
+        states = TERMINAL_STATES if states is None else {State(s) for s in states}
+        if live := states & LIVE_STATES:
+            raise ValueError(f"Only terminal attempts can be pruned, not {sorted(live)}.")
+        retrying = self.model._default_manager.live().values("result_id")
+        return self.filter(state__in=sorted(states), finished_at__lt=Now() - older_than).exclude(
+            result_id__in=retrying
+        )
+
+    def counts_by_queue(self) -> dict[str, dict[str, int]]:
+        """Return {queue: {state: count}}, every state present, for the queues with jobs."""
+        counts: dict[str, dict[str, int]] = {}
+        rows = self.order_by().values_list("queue_name", "state").annotate(n=models.Count("pk"))
+        for queue, state, n in rows:
+            counts.setdefault(queue, dict.fromkeys(State.values, 0))[state] = n
+        return dict(sorted(counts.items()))
+
+    def oldest_runnable_age(self) -> float | None:
+        """Seconds the longest-waiting runnable job has been due (database clock), or None."""
+        age = self.runnable().aggregate(age=Now() - models.Min("run_after"))["age"]
+        return None if age is None else max(0.0, age.total_seconds())
+
+    def stats(self, lost_after: float) -> dict[str, Any]:
+        """Describe the queues and the workers, in the shape `jobstats --json` prints.
+
+        A worker is lost once silent for `lost_after` seconds (database clock), as for
+        rescue_lost(); a worker with running attempts but no heartbeat row at all is lost too.
+        """
+        from .models import WorkerHeartbeat
+
+        running = self.running().order_by().values_list("worker_id").annotate(n=models.Count("pk"))
+        per_worker: dict[str, int] = dict(running)
+        workers = []
+        beats = WorkerHeartbeat.objects.annotate(age=Now() - models.F("last_seen"))
+        for beat in beats:
+            age = max(0.0, beat.age.total_seconds())
+            workers.append(
+                {
+                    "worker_id": beat.worker_id,
+                    "host": beat.host,
+                    "pid": beat.pid,
+                    "last_seen_age_seconds": round(age, 3),
+                    "lost": age > lost_after,
+                    "running": per_worker.pop(beat.worker_id, 0),
+                }
+            )
+        for worker_id, n in per_worker.items():
+            workers.append(
+                {
+                    "worker_id": worker_id,
+                    "host": None,
+                    "pid": None,
+                    "last_seen_age_seconds": None,
+                    "lost": True,
+                    "running": n,
+                }
+            )
+        workers.sort(key=lambda worker: worker["worker_id"])
+        age = self.oldest_runnable_age()
+        return {
+            "queues": self.counts_by_queue(),
+            "oldest_runnable_age_seconds": None if age is None else round(age, 3),
+            "workers": workers,
+            "lost_workers": sum(worker["lost"] for worker in workers),
+        }
+
 
 class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
     def enqueue(
@@ -95,7 +179,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     ) -> Job:
         """Create the first attempt of a task, queued."""
         now = timezone.now()
-        return self.create(
+        job = self.create(  # on PostgreSQL, a trigger wakes listening workers (migration 0002)
             result_id=uuid.uuid4(),
             task_path=task_path,
             args=encode_payload(list(args), "Task arguments"),
@@ -109,6 +193,7 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
             backoff=backoff,
             timeout=timeout,
         )
+        return job
 
     def claim(
         self, worker_id: str, *, queues: Iterable[str] | None = None, limit: int = 1
@@ -131,13 +216,8 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         connection = connections[db]
         qn = connection.ops.quote_name
         table = qn(self.model._meta.db_table)
-        if connection.vendor == "postgresql":
-            now, now_params, lock = "STATEMENT_TIMESTAMP()", [], "FOR UPDATE SKIP LOCKED"
-        else:
-            # SQLite's clock has millisecond precision, run_after microsecond: a job due
-            # now would wait for the next millisecond. One machine, one clock: use ours.
-            now, lock = "%s", ""
-            now_params = [connection.ops.adapt_datetimefield_value(timezone.now())]
+        now, now_params = _now_sql(connection)
+        lock = "FOR UPDATE SKIP LOCKED" if connection.vendor == "postgresql" else ""
         queue_sql, queue_params = "", []
         if queues is not None:
             queue_sql = f"AND {qn('queue_name')} IN ({', '.join(['%s'] * len(queues))})"
@@ -169,6 +249,38 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
     def succeed(self, job: Job, return_value: Any) -> None:
         """Record that `job`'s task returned `return_value`."""
         self._transition(job, State.SUCCEEDED, finished_at=Now(), return_value=return_value)
+
+    def succeed_many(self, worker_id: str, outcomes: Sequence[tuple[Job, Any]]) -> set[int]:
+        """Record several successes of `worker_id` in one statement; return the ids written.
+
+        Each row is still fenced by state and worker: an attempt that was failed meanwhile
+        (rescued as lost, timed out) is left alone and its id is missing from the result.
+        """
+        check_transition(State.RUNNING, State.SUCCEEDED)
+        if not outcomes:
+            return set()
+        connection = connections[router.db_for_write(self.model)]
+        qn = connection.ops.quote_name
+        table = qn(self.model._meta.db_table)
+        now, now_params = _now_sql(connection)
+        row = "(%s::bigint, %s::jsonb)" if connection.vendor == "postgresql" else "(%s, %s)"
+        values = []
+        for job, value in outcomes:
+            values += [job.pk, json.dumps(value)]
+        sql = f"""
+            WITH outcome(id, return_value) AS (VALUES {", ".join([row] * len(outcomes))})
+            UPDATE {table}
+            SET {qn("state")} = %s, {qn("finished_at")} = {now},
+                {qn("return_value")} = outcome.return_value
+            FROM outcome
+            WHERE {table}.{qn("id")} = outcome.id
+                AND {qn("state")} = %s AND {qn("worker_id")} = %s
+            RETURNING {table}.{qn("id")}
+        """
+        params = [*values, State.SUCCEEDED, *now_params, State.RUNNING, worker_id]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return {row[0] for row in cursor.fetchall()}
 
     def fail(
         self,
@@ -302,6 +414,42 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
                 + f" when moving it to {new}: another writer got there first. Nothing was changed."
             )
         job.refresh_from_db(fields=["state", *values])
+
+    def prune(
+        self,
+        older_than: timedelta,
+        *,
+        states: Iterable[str] | None = None,
+        batch_size: int = 1000,
+        dry_run: bool = False,
+    ) -> int:
+        """Delete the prunable() attempts, `batch_size` at a time; return how many.
+
+        Each batch is one short transaction that re-checks every condition, and begins with
+        its write (so that on SQLite it holds the write lock from the start): unlinking the
+        next attempts of the rows it deletes, since `previous` is SET_NULL and Django, not
+        the database, does that. With `dry_run`, count them instead.
+        """
+        if batch_size < 1:
+            raise ValueError(f"prune() batch_size must be at least 1, not {batch_size}.")
+        db = router.db_for_write(self.model)
+        candidates = self.using(db).prunable(older_than, states)
+        if dry_run:
+            return candidates.count()
+        deleted, last_pk = 0, 0
+        while True:
+            batch = candidates.filter(pk__gt=last_pk).order_by("pk")[:batch_size]
+            ids = list(batch.values_list("pk", flat=True))
+            if not ids:
+                return deleted
+            last_pk = ids[-1]
+            # Terminal rows never change; this guard keeps a live one even if `ids` were wrong.
+            doomed = self.using(db).filter(pk__in=ids, state__in=TERMINAL_STATES)
+            doomed = doomed.prunable(older_than, states)
+            with transaction.atomic(using=db):
+                self.using(db).filter(previous__in=doomed).update(previous=None)
+                _, per_model = doomed.only("pk").delete()
+            deleted += per_model.get(self.model._meta.label, 0)
 
 
 class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):

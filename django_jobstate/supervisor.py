@@ -102,7 +102,7 @@ class Supervisor:
         from .models import Job, WorkerHeartbeat
 
         code = child.process.exitcode
-        if code in (0, EXIT_RECYCLE, EXIT_TIMEOUT):
+        if code in (0, EXIT_RECYCLE):
             return
         if self.interrupted:
             reason = FailureReason.INTERRUPTED
@@ -110,7 +110,12 @@ class Supervisor:
                 "runjobs was told twice to stop, and stopped at once"
             )
         else:
-            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
+            if code == EXIT_TIMEOUT:
+                how = "ended itself to stop an attempt past its timeout"
+            elif code < 0:
+                how = f"was killed by {signal.Signals(-code).name}"
+            else:
+                how = f"exited {code}"
             reason, error = FailureReason.LOST, WorkerLost(f"its worker process {how}")
             logger.warning("Worker %s %s", child.worker_id, how)
         try:

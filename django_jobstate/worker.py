@@ -16,25 +16,54 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
 
-from django.db import DatabaseError, close_old_connections, connection
-from django.tasks import TaskContext
+from django.db import (
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    close_old_connections,
+    connection,
+)
+from django.tasks import Task, TaskContext
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_finished, task_started
+from django.utils import timezone
 
 from .backend import JobStateBackend, load_task, to_task_result
 from .conf import get_settings
 from .exceptions import JobTimeout, LostRace
 from .managers import class_path, encode_payload
 from .models import Job, WorkerHeartbeat
-from .states import FailureReason
+from .states import FailureReason, State
+from .wakeup import Waiter
 
 logger = logging.getLogger("django_jobstate.worker")
+T = TypeVar("T")
 
 
 def default_worker_id() -> str:
     host = socket.gethostname()[:40]
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+# Batches: a worker claims as many jobs as it expects to run in BATCH_WINDOW seconds (one
+# at a time until it has seen how long jobs take), and writes successes together at most
+# FLUSH_AFTER seconds after the first of them finished. Both bound what a crash costs:
+# claimed jobs not yet run fail as lost, finished jobs not yet written run again.
+BATCH_WINDOW = 0.05
+FLUSH_AFTER = 0.05
+MAX_BATCH = 100
+
+
+@dataclass
+class Outcome:
+    job: Job
+    started: float  # monotonic
+    finished: float
+    value: object = None
+    error: BaseException | None = None
 
 
 class Worker:
@@ -54,6 +83,7 @@ class Worker:
         poll_interval: float | None = None,
         burst: bool = False,
         max_jobs: int | None = None,
+        max_batch: int = MAX_BATCH,
         on_timeout: Callable[[Job], None] | None = None,
     ) -> None:
         self.worker_id = worker_id or default_worker_id()
@@ -63,14 +93,17 @@ class Worker:
         )
         self.burst = burst
         self.max_jobs = max_jobs
+        self.max_batch = max_batch
         self.on_timeout = on_timeout
         self.jobs_done = 0
         # The attempt in hand and its monotonic deadline; read by the watchdog.
         self.current: tuple[Job, float | None] | None = None
         self._stopping = threading.Event()
+        self._tasks: dict[str, Task] = {}
+        self._average_duration: float | None = None
 
     def stop(self) -> None:
-        """Finish the attempt in hand, claim no more."""
+        """Finish the attempts in hand, claim no more."""
         self._stopping.set()
 
     @property
@@ -87,46 +120,81 @@ class Worker:
         watchdog = Watchdog(self)
         watchdog.beat()
         watchdog.start()
+        waiter = Waiter(self._stopping)
         try:
             while not self.stopping and not self.reached_max_jobs:
-                job = self._claim_one()
-                if job is not None:
-                    self.run_attempt(job)
-                    self.jobs_done += 1
+                jobs = self._claim()
+                if jobs:
+                    self._run_batch(jobs)
                 elif self.burst:
                     break
                 else:
-                    self._stopping.wait(self.poll_interval)
+                    waiter.wait(self.poll_interval)
         finally:
+            waiter.close()
             watchdog.finish()
             logger.info("Worker %s stopped after %d jobs", self.worker_id, self.jobs_done)
 
-    def _claim_one(self) -> Job | None:
+    def _batch_size(self) -> int:
+        size = self.max_batch
+        if self._average_duration is None:
+            size = 1
+        elif self._average_duration > 0:
+            size = min(size, max(1, int(BATCH_WINDOW / self._average_duration)))
+        if self.max_jobs is not None:
+            size = min(size, self.max_jobs - self.jobs_done)
+        return size
+
+    def _claim(self) -> list[Job]:
         if not connection.in_atomic_block:  # a long-lived worker drops broken connections
             close_old_connections()
         try:
-            jobs = Job.objects.claim(self.worker_id, queues=self.queues, limit=1)
+            return Job.objects.claim(self.worker_id, queues=self.queues, limit=self._batch_size())
         except DatabaseError:
             logger.exception("Worker %s could not claim jobs; retrying", self.worker_id)
+            connection.close()
             self._stopping.wait(self.poll_interval)
-            return None
-        return jobs[0] if jobs else None
+            return []
+
+    def _run_batch(self, jobs: list[Job]) -> None:
+        """Run every claimed job (they are in hand: a stop request waits for them)."""
+        done: list[Outcome] = []
+        for job in jobs:
+            if job.timeout is not None:
+                self._record(done)  # a timeout ends the process: write what we know first
+                done = []
+            done.append(self._execute(job))
+            self.jobs_done += 1
+            if time.monotonic() - done[0].finished > FLUSH_AFTER or done[-1].error:
+                self._record(done)
+                done = []
+        self._record(done)
 
     def run_attempt(self, job: Job) -> None:
         """Run one claimed attempt and record its outcome, fenced by state and worker."""
+        self._record([self._execute(job)])
+
+    def _execute(self, job: Job) -> Outcome:
         started = time.monotonic()
         self.current = (job, None if job.timeout is None else started + job.timeout)
         try:
             value = self._call(job)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            self._finish(job, started, error=exc)
+            outcome = Outcome(job, started, time.monotonic(), error=exc)
         else:
-            self._finish(job, started, value=value)
+            outcome = Outcome(job, started, time.monotonic(), value=value)
         finally:
             self.current = None
+        duration = outcome.finished - started
+        self._average_duration = (
+            duration
+            if self._average_duration is None
+            else 0.8 * self._average_duration + 0.2 * duration
+        )
+        return outcome
 
     def _call(self, job: Job) -> object:
-        task = load_task(job.task_path)  # a path that is not a Task fails here, running nothing
+        task = self._load_task(job.task_path)  # a path that is not a Task fails: nothing runs
         result = to_task_result([*self._previous_attempts(job), job], task)
         task_started.send(JobStateBackend, task_result=result)
         if task.takes_context:
@@ -135,42 +203,90 @@ class Worker:
             value = task.call(*job.args, **job.kwargs)
         return encode_payload(value, "The task's return value")
 
+    def _load_task(self, path: str) -> Task:
+        if path not in self._tasks:
+            self._tasks[path] = load_task(path)
+        return self._tasks[path]
+
     def _previous_attempts(self, job: Job) -> list[Job]:
         if job.attempt == 1:
             return []
         return list(Job.objects.attempts_of(job.result_id).filter(attempt__lt=job.attempt))
 
-    def _finish(
-        self, job: Job, started: float, *, value: object = None, error: BaseException | None = None
-    ) -> None:
-        try:
-            if error is None:
-                Job.objects.succeed(job, value)
-            else:
-                Job.objects.fail(
-                    job,
-                    FailureReason.ERROR,
-                    error_class=class_path(error),
-                    error_message=str(error),
-                    traceback="".join(traceback.format_exception(error)),
+    def _record(self, outcomes: list[Outcome]) -> None:
+        """Write outcomes, fenced: successes in one statement, failures one by one."""
+        successes = [o for o in outcomes if o.error is None]
+        if successes:
+            pairs = [(o.job, o.value) for o in successes]
+            written = self._retrying(lambda: Job.objects.succeed_many(self.worker_id, pairs))
+            for outcome in successes:
+                if outcome.job.pk in written:
+                    outcome.job.state = State.SUCCEEDED
+                    outcome.job.return_value = outcome.value
+                    outcome.job.finished_at = timezone.now()
+                    self._finished(outcome)
+                else:
+                    self._lost_race(
+                        outcome.job,
+                        f"it was no longer running for worker {self.worker_id} when moving it "
+                        f"to succeeded: another writer got there first. Nothing was changed.",
+                    )
+        for outcome in outcomes:
+            if outcome.error is not None:
+                try:
+                    self._retrying(lambda o=outcome: self._fail(o))
+                except LostRace as exc:
+                    self._lost_race(outcome.job, str(exc))
+                else:
+                    self._finished(outcome)
+
+    def _fail(self, outcome: Outcome) -> None:
+        error = outcome.error
+        assert error is not None
+        Job.objects.fail(
+            outcome.job,
+            FailureReason.ERROR,
+            error_class=class_path(error),
+            error_message=str(error),
+            traceback="".join(traceback.format_exception(error)),
+        )
+
+    def _retrying(self, write: Callable[[], T]) -> T:
+        """Run an outcome write until the database takes it: the outcome is known."""
+        delay = 0.5
+        while True:
+            try:
+                return write()
+            except (OperationalError, InterfaceError):
+                logger.warning(
+                    "Worker %s: database unavailable; retrying the write in %.1fs",
+                    self.worker_id,
+                    delay,
+                    exc_info=True,
                 )
-        except LostRace as exc:
-            logger.warning(
-                "Worker %s: outcome of job %s discarded: %s", self.worker_id, job.pk, exc
-            )
-            return
+                connection.close()
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    def _lost_race(self, job: Job, why: str) -> None:
+        logger.warning("Worker %s: outcome of job %s discarded: %s", self.worker_id, job.pk, why)
+
+    def _finished(self, outcome: Outcome) -> None:
+        job = outcome.job
         logger.log(
-            logging.INFO if error is None else logging.WARNING,
+            logging.INFO if outcome.error is None else logging.WARNING,
             "Job %s %s attempt %d/%d %s in %.3fs",
             job.pk,
             job.task_path,
             job.attempt,
             job.max_attempts,
             job.state,
-            time.monotonic() - started,
+            outcome.finished - outcome.started,
         )
         try:
-            result = to_task_result([*self._previous_attempts(job), job])
+            result = to_task_result(
+                [*self._previous_attempts(job), job], self._load_task(job.task_path)
+            )
         except InvalidTask:
             return  # the task cannot be imported: there is no Task to describe
         task_finished.send(JobStateBackend, task_result=result)
