@@ -1,31 +1,153 @@
-"""System checks for the settings and the TASKS configuration."""
+"""System checks for the settings and the TASKS configuration.
 
-from typing import Any
+They read the raw JOBSTATE_* values, not get_settings(), so that `manage.py check` reports a
+bad value (a string, a negative number) instead of crashing on it.
+"""
 
-from django.core.checks import Error, register
+import difflib
+import math
+from dataclasses import fields
+from typing import Any, get_args, get_type_hints
 
-from .conf import get_settings
+from django.apps import apps
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, register
+from django.core.checks import Warning as CheckWarning
+from django.utils.module_loading import import_string
+
+from .backend import JobStateBackend
+from .conf import Settings
+
+DEFAULTS = {f.name: f.default for f in fields(Settings)}
+# The numeric settings, with the types each allows (int, float, None), read from its hint.
+NUMBERS = {
+    name: types
+    for name, hint in get_type_hints(Settings).items()
+    if (types := set(get_args(hint) or [hint])) - {type(None)} <= {int, float}
+}
+# A backoff of 0 retries at once, as @task(backoff=0) does.
+ZERO_ALLOWED = {"DEFAULT_BACKOFF", "MAX_BACKOFF"}
+MAX_ATTEMPTS_LIMIT = 1000  # as for @task(max_attempts=...)
+BACKEND_PATH = f"{JobStateBackend.__module__}.{JobStateBackend.__qualname__}"
+
+
+def _raw(name: str) -> Any:
+    return getattr(settings, f"JOBSTATE_{name}", DEFAULTS[name])
+
+
+def _check_number(name: str, value: Any) -> CheckMessage | None:
+    """Say what is wrong with `value` for JOBSTATE_<name>, if anything."""
+    whole, none_allowed = float not in NUMBERS[name], type(None) in NUMBERS[name]
+    if value is None and none_allowed:
+        return None
+    kind = (int,) if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        what = "a whole number" if whole else "a number of seconds"
+        if none_allowed:
+            what += " or None"
+        example = 60 if DEFAULTS[name] is None else DEFAULTS[name]
+        return Error(
+            f"JOBSTATE_{name} must be {what}, not {type(value).__name__} {value!r}.",
+            hint=f"Write it as a number, without quotes: JOBSTATE_{name} = {example!r}.",
+            id="django_jobstate.E004",
+        )
+    if name == "DEFAULT_MAX_ATTEMPTS":
+        if not 1 <= value <= MAX_ATTEMPTS_LIMIT:
+            return Error(
+                f"JOBSTATE_DEFAULT_MAX_ATTEMPTS must be from 1 to {MAX_ATTEMPTS_LIMIT}, "
+                f"not {value!r}.",
+                hint="It counts every attempt, the first included: 1 means no retry.",
+                id="django_jobstate.E005",
+            )
+        return None
+    minimum_ok = value >= 0 if name in ZERO_ALLOWED else value > 0
+    if not (minimum_ok and math.isfinite(value)):
+        what = "zero or a positive" if name in ZERO_ALLOWED else "a positive"
+        unit = "whole number" if whole else "number of seconds"
+        return Error(
+            f"JOBSTATE_{name} must be {what} {unit}, not {value!r}.",
+            hint=f"The default is {DEFAULTS[name]!r}.",
+            id="django_jobstate.E002",
+        )
+    return None
 
 
 @register()
-def check_settings(app_configs: Any = None, **kwargs: Any) -> list[Error]:
-    errors = []
-    conf = get_settings()
-    if conf.LOST_AFTER <= conf.HEARTBEAT_INTERVAL:
-        errors.append(
-            Error(
-                f"JOBSTATE_LOST_AFTER ({conf.LOST_AFTER}s) must be longer than "
-                f"JOBSTATE_HEARTBEAT_INTERVAL ({conf.HEARTBEAT_INTERVAL}s), or every live worker "
-                f"would be taken for lost.",
-                hint="Make JOBSTATE_LOST_AFTER at least three heartbeat intervals.",
-                id="django_jobstate.E001",
+def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    messages = []
+    valid = {}
+    for name in NUMBERS:
+        value = _raw(name)
+        if problem := _check_number(name, value):
+            messages.append(problem)
+        else:
+            valid[name] = value
+    if {"LOST_AFTER", "HEARTBEAT_INTERVAL"} <= valid.keys():
+        lost_after, interval = valid["LOST_AFTER"], valid["HEARTBEAT_INTERVAL"]
+        if lost_after <= interval:
+            messages.append(
+                Error(
+                    f"JOBSTATE_LOST_AFTER ({lost_after}s) must be longer than "
+                    f"JOBSTATE_HEARTBEAT_INTERVAL ({interval}s), or every live worker "
+                    f"would be taken for lost.",
+                    hint="Make JOBSTATE_LOST_AFTER at least three heartbeat intervals.",
+                    id="django_jobstate.E001",
+                )
+            )
+    if {"MAX_BACKOFF", "DEFAULT_BACKOFF"} <= valid.keys():
+        cap, backoff = valid["MAX_BACKOFF"], valid["DEFAULT_BACKOFF"]
+        if cap < backoff:
+            messages.append(
+                CheckWarning(
+                    f"JOBSTATE_MAX_BACKOFF ({cap}s) is shorter than JOBSTATE_DEFAULT_BACKOFF "
+                    f"({backoff}s): no retry waits longer than the cap, so the default "
+                    f"backoff never applies as set.",
+                    hint="Raise JOBSTATE_MAX_BACKOFF or lower JOBSTATE_DEFAULT_BACKOFF.",
+                    id="django_jobstate.W001",
+                )
+            )
+    return messages
+
+
+@register()
+def check_setting_names(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    known = [f"JOBSTATE_{name}" for name in DEFAULTS]
+    messages = []
+    for name in sorted(dir(settings)):
+        if not name.startswith("JOBSTATE_") or name in known:
+            continue
+        # Without the shared prefix, which would make every name look close.
+        close = difflib.get_close_matches(name.removeprefix("JOBSTATE_"), DEFAULTS, n=1)
+        messages.append(
+            CheckWarning(
+                f"{name} is not a django-jobstate setting; it has no effect.",
+                hint=f"Did you mean JOBSTATE_{close[0]}?"
+                if close
+                else f"The settings are: {', '.join(known)}.",
+                id="django_jobstate.W002",
             )
         )
-    if conf.POLL_INTERVAL <= 0:
-        errors.append(
-            Error(
-                "JOBSTATE_POLL_INTERVAL must be a positive number of seconds.",
-                id="django_jobstate.E002",
-            )
+    return messages
+
+
+@register()
+def check_tasks_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if not apps.is_installed("django_jobstate"):
+        return []  # JobStateBackend.check() reports the reverse (E003)
+    tasks = getattr(settings, "TASKS", None)
+    for config in tasks.values() if isinstance(tasks, dict) else []:
+        try:
+            backend = import_string(config["BACKEND"])
+        except (ImportError, KeyError, TypeError):
+            continue  # django.tasks reports a backend it cannot load
+        if isinstance(backend, type) and issubclass(backend, JobStateBackend):
+            return []
+    return [
+        CheckWarning(
+            f"django_jobstate is installed, but no TASKS alias uses {BACKEND_PATH}, so "
+            f"enqueue() does not create jobs for runjobs to run.",
+            hint=f'Set TASKS = {{"default": {{"BACKEND": "{BACKEND_PATH}"}}}}, or remove '
+            f"django_jobstate from INSTALLED_APPS.",
+            id="django_jobstate.W003",
         )
-    return errors
+    ]

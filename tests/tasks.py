@@ -101,3 +101,20 @@ def fails_first_attempt(context: TaskContext) -> int:
     if context.attempt == 1:
         raise RuntimeError("first attempt fails")
     return context.attempt
+
+
+@task
+def sleep_and_report(seconds: float) -> list[float]:
+    """Sleep, and return when the body started and ended (to measure overlap)."""
+    start = time.time()
+    time.sleep(seconds)
+    Execution.objects.create(label="slept")
+    return [start, time.time()]
+
+
+@task(max_attempts=3, backoff=0)
+def record_with_retries(label: str, seconds: float) -> str:
+    """Like sleep_then_record, but a transient error (the database restarting) is retried."""
+    time.sleep(seconds)
+    Execution.objects.create(label=label)
+    return label

@@ -1,13 +1,16 @@
 """`manage.py runjobs` as a real process: run, stop gracefully, stop at once, bad arguments."""
 
+import os
 import signal
+import subprocess
 import time
 from collections import Counter
 
 import pytest
+from django.db import connection, connections
 from django.tasks import TaskResultStatus
 
-from django_jobstate.models import Job
+from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import FailureReason, State
 from tests import tasks
 from tests.models import Execution
@@ -102,6 +105,7 @@ def test_a_second_signal_stops_at_once_and_fails_the_attempt_as_interrupted(runj
         (["--poll-interval", "-1"], "must be a positive number of seconds"),
         (["--poll-interval", "soon"], "is not a number of seconds"),
         (["--queue", ""], "a queue name cannot be empty"),
+        (["--concurrency", "0"], "must be at least 1"),
     ],
 )
 def test_bad_arguments_exit_2_with_a_clear_message(runjobs, args, message):
@@ -110,3 +114,66 @@ def test_bad_arguments_exit_2_with_a_clear_message(runjobs, args, message):
     assert done.returncode == 2
     assert message in done.stdout
     assert Job.objects.queued().count() == 1
+
+
+def test_concurrency_runs_that_many_jobs_at_once(runjobs):
+    results = [tasks.sleep_and_report.enqueue(1.5) for _ in range(6)]
+
+    assert runjobs.run("--burst", "--concurrency", "3").returncode == 0
+
+    spans = [tasks.sleep_and_report.get_result(r.id).return_value for r in results]
+    # The most bodies running at one instant, measured from when each really ran.
+    overlap = max(sum(start <= t < end for start, end in spans) for t, _ in spans)
+    assert overlap == 3
+    assert Job.objects.values("worker_id").distinct().count() == 3
+
+
+@pytest.mark.parametrize(("verbosity", "shows_jobs"), [("0", False), ("1", True), ("2", True)])
+def test_verbosity_sets_how_much_is_logged(runjobs, verbosity, shows_jobs):
+    tasks.record.enqueue("quiet")
+    tasks.boom.enqueue("loud")
+
+    out = runjobs.run("--burst", "-v", verbosity).stdout
+
+    assert ("tests.tasks.record attempt 1/1 succeeded" in out) is shows_jobs
+    assert ("Worker " in out and " started on all queues" in out) is shows_jobs
+    assert "tests.tasks.boom attempt 1/1 failed" in out  # failures are warnings: always shown
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="LISTEN/NOTIFY is PostgreSQL's")
+def test_a_new_job_wakes_an_idle_worker_without_waiting_for_the_poll(runjobs):
+    worker = runjobs.start("--poll-interval", "60")
+    wait_for(lambda: WorkerHeartbeat.objects.exists())
+    time.sleep(0.5)  # idle, listening
+
+    result = tasks.record.enqueue("woken")
+    enqueued = time.monotonic()
+    wait_for(lambda: tasks.record.get_result(result.id).is_finished, timeout=10)
+
+    assert time.monotonic() - enqueued < 5, "the worker waited for its 60 s poll"
+    runjobs.stop(worker)
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql" or "JOBSTATE_PG_CTL" not in os.environ,
+    reason="needs the throwaway PostgreSQL of scripts/test, which it restarts",
+)
+def test_a_postgresql_restart_during_a_run_loses_nothing(runjobs):
+    results = [tasks.record_with_retries.enqueue(f"r{n}", 0.05) for n in range(60)]
+    worker = runjobs.start("--concurrency", "2")
+    wait_for(lambda: Execution.objects.count() >= 10)
+
+    subprocess.run([os.environ["JOBSTATE_PG_CTL"], "restart", "-m", "fast", "-w"], check=True)
+    connections.close_all()  # this test's own connection died with the server
+
+    wait_for(lambda: not Job.objects.live().exists(), timeout=90)
+    out = runjobs.stop(worker)
+    assert worker.returncode == 0, out
+    for result in results:
+        assert tasks.record_with_retries.get_result(result.id).status == "SUCCESSFUL"
+    # Each body completed once: a success that could not be written during the restart
+    # was written when the server came back, not run again. (A body whose own query hit
+    # the restart failed, and its task was retried: the database error is the task's.)
+    assert sorted(Execution.objects.values_list("label", flat=True)) == sorted(
+        f"r{n}" for n in range(60)
+    )

@@ -1,0 +1,161 @@
+"""System checks: each id fires for its bad setting, none for good ones, and none crash."""
+
+from dataclasses import fields
+from decimal import Decimal
+
+import pytest
+from django.conf import settings
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+from django.test import override_settings
+
+from django_jobstate.backend import JobStateBackend
+from django_jobstate.checks import NUMBERS
+from django_jobstate.conf import Settings
+
+pytestmark = pytest.mark.django_db
+
+IMMEDIATE = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+
+
+class CustomBackend(JobStateBackend):
+    pass
+
+
+def messages(**overrides):
+    with override_settings(**overrides):
+        return [m for m in run_checks() if m.id and m.id.startswith("django_jobstate.")]
+
+
+def ids(**overrides):
+    return sorted(m.id.removeprefix("django_jobstate.") for m in messages(**overrides))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"JOBSTATE_LOST_AFTER": 0.25}, ["E001"]),  # the test settings beat every 0.25 s
+        ({"JOBSTATE_HEARTBEAT_INTERVAL": 10}, ["E001"]),
+        ({"JOBSTATE_POLL_INTERVAL": 0}, ["E002"]),
+        ({"JOBSTATE_HEARTBEAT_INTERVAL": -1}, ["E002"]),
+        ({"JOBSTATE_LOST_AFTER": float("inf")}, ["E002"]),
+        ({"JOBSTATE_POLL_INTERVAL": float("nan")}, ["E002"]),
+        ({"JOBSTATE_MAX_PAYLOAD_BYTES": 0}, ["E002"]),
+        ({"JOBSTATE_DEFAULT_TIMEOUT": 0}, ["E002"]),
+        ({"JOBSTATE_DEFAULT_BACKOFF": -1}, ["E002"]),
+        ({"JOBSTATE_MAX_BACKOFF": -1}, ["E002"]),
+        ({"JOBSTATE_LOST_AFTER": "30"}, ["E004"]),
+        ({"JOBSTATE_HEARTBEAT_INTERVAL": "5"}, ["E004"]),  # and no E001 comparing it
+        ({"JOBSTATE_POLL_INTERVAL": None}, ["E004"]),
+        ({"JOBSTATE_MAX_PAYLOAD_BYTES": 1.5}, ["E004"]),
+        ({"JOBSTATE_DEFAULT_MAX_ATTEMPTS": True}, ["E004"]),
+        ({"JOBSTATE_DEFAULT_TIMEOUT": "60"}, ["E004"]),
+        ({"JOBSTATE_DEFAULT_BACKOFF": Decimal("1.5")}, ["E004"]),
+        ({"JOBSTATE_DEFAULT_MAX_ATTEMPTS": 0}, ["E005"]),
+        ({"JOBSTATE_DEFAULT_MAX_ATTEMPTS": 1001}, ["E005"]),
+        ({"JOBSTATE_MAX_BACKOFF": 5, "JOBSTATE_DEFAULT_BACKOFF": 10}, ["W001"]),
+        ({"JOBSTATE_LOST_AFTR": 30}, ["W002"]),
+        ({"TASKS": IMMEDIATE}, ["W003"]),
+    ],
+)
+def test_each_check_fires_for_its_bad_setting(overrides, expected):
+    found = messages(**overrides)
+
+    assert sorted(m.id.removeprefix("django_jobstate.") for m in found) == expected
+    assert all(m.hint for m in found)
+    named = [name for name in overrides if name.startswith("JOBSTATE_")]
+    assert all(any(name in m.msg for name in named) for m in found if named)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {},
+        {f"JOBSTATE_{f.name}": f.default for f in fields(Settings)},
+        {"JOBSTATE_LOST_AFTER": 30, "JOBSTATE_HEARTBEAT_INTERVAL": 5},  # ints for seconds
+        {"JOBSTATE_DEFAULT_TIMEOUT": 60.5, "JOBSTATE_DEFAULT_MAX_ATTEMPTS": 1000},
+        {"JOBSTATE_DEFAULT_BACKOFF": 0, "JOBSTATE_MAX_BACKOFF": 0},  # retry at once
+        {"JOBSTATE_DEFAULT_BACKOFF": 60, "JOBSTATE_MAX_BACKOFF": 60},
+        {"TASKS": {**IMMEDIATE, "jobs": {"BACKEND": "tests.test_checks.CustomBackend"}}},
+    ],
+)
+def test_good_settings_pass(overrides):
+    assert ids(**overrides) == []
+
+
+def test_the_numeric_settings_are_known_from_their_types():
+    expected = {
+        "HEARTBEAT_INTERVAL": {float},
+        "LOST_AFTER": {float},
+        "POLL_INTERVAL": {float},
+        "MAX_PAYLOAD_BYTES": {int},
+        "DEFAULT_MAX_ATTEMPTS": {int},
+        "DEFAULT_BACKOFF": {float},
+        "DEFAULT_TIMEOUT": {float, type(None)},
+        "MAX_BACKOFF": {float},
+    }
+    assert {name: NUMBERS.get(name) for name in expected} == expected
+
+
+@pytest.mark.parametrize("name", sorted(NUMBERS))
+def test_every_numeric_setting_is_checked(name):
+    found = messages(**{f"JOBSTATE_{name}": "5"})
+
+    assert [m.id for m in found] == ["django_jobstate.E004"]
+    assert f"JOBSTATE_{name} must be " in found[0].msg
+    assert "not str '5'" in found[0].msg
+
+
+def test_messages_say_what_and_how_to_fix():
+    (error,) = messages(JOBSTATE_LOST_AFTER="30")
+    assert error.msg == "JOBSTATE_LOST_AFTER must be a number of seconds, not str '30'."
+    assert error.hint == "Write it as a number, without quotes: JOBSTATE_LOST_AFTER = 30.0."
+
+    (error,) = messages(JOBSTATE_POLL_INTERVAL=0)
+    assert error.msg == "JOBSTATE_POLL_INTERVAL must be a positive number of seconds, not 0."
+
+
+def test_unknown_name_hint_suggests_the_closest_setting():
+    (typo,) = messages(JOBSTATE_LOST_AFTR=30)
+    (other,) = messages(JOBSTATE_COLOUR="blue")
+
+    assert typo.msg == "JOBSTATE_LOST_AFTR is not a django-jobstate setting; it has no effect."
+    assert typo.hint == "Did you mean JOBSTATE_LOST_AFTER?"
+    assert other.hint.startswith("The settings are: JOBSTATE_HEARTBEAT_INTERVAL, ")
+
+
+def test_missing_backend_hint_shows_the_tasks_setting():
+    (warning,) = messages(TASKS=IMMEDIATE)
+
+    assert '"BACKEND": "django_jobstate.backend.JobStateBackend"' in warning.hint
+
+
+def test_no_backend_warning_when_the_app_is_not_installed():
+    from django_jobstate.checks import check_tasks_backend
+
+    with override_settings(
+        INSTALLED_APPS=[a for a in settings.INSTALLED_APPS if a != "django_jobstate"],
+        TASKS=IMMEDIATE,
+    ):
+        assert check_tasks_backend() == []
+
+
+@pytest.mark.parametrize(
+    "garbage", ["5", "", None, [], {}, object(), b"1", float("nan"), -1, True, Decimal(1)]
+)
+def test_check_command_reports_garbage_without_crashing(garbage):
+    overrides = {f"JOBSTATE_{f.name}": garbage for f in fields(Settings)}
+
+    with override_settings(**overrides), pytest.raises(SystemCheckError) as error:
+        call_command("check")
+
+    assert "django_jobstate.E00" in str(error.value)
+
+
+@pytest.mark.parametrize("tasks", ["nonsense", {"default": "nonsense"}, {"default": {}}])
+def test_backend_check_survives_a_malformed_tasks_setting(tasks):
+    from django_jobstate.checks import check_tasks_backend
+
+    with override_settings(TASKS=tasks):
+        assert [m.id for m in check_tasks_backend()] == ["django_jobstate.W003"]
