@@ -1,4 +1,4 @@
-"""Reads and conditional writes of Job rows: the only code that writes a state.
+"""Conditional writes of Job rows: the only code that writes a state.
 
 Every write names the state it expects (and, for a running attempt, the worker that owns
 it). When the row has moved on, the write matches zero rows, changes nothing and raises
@@ -22,7 +22,8 @@ from django.utils import timezone
 
 from .conf import get_settings
 from .exceptions import InvalidPayload, LostRace, WorkerLost
-from .states import LIVE_STATES, TERMINAL_STATES, FailureReason, State, check_transition
+from .querysets import JobQuerySet
+from .states import TERMINAL_STATES, FailureReason, State, check_transition
 
 if TYPE_CHECKING:
     from .models import Job
@@ -68,98 +69,6 @@ def _now_sql(connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
     if connection.vendor == "postgresql":
         return "STATEMENT_TIMESTAMP()", []
     return "%s", [connection.ops.adapt_datetimefield_value(timezone.now())]
-
-
-class JobQuerySet(models.QuerySet["Job"]):
-    def queued(self) -> JobQuerySet:
-        return self.filter(state=State.QUEUED)
-
-    def running(self) -> JobQuerySet:
-        return self.filter(state=State.RUNNING)
-
-    def live(self) -> JobQuerySet:
-        return self.filter(state__in=LIVE_STATES)
-
-    def terminal(self) -> JobQuerySet:
-        return self.filter(state__in=TERMINAL_STATES)
-
-    def runnable(self, queues: Iterable[str] | None = None) -> JobQuerySet:
-        qs = self.queued().filter(run_after__lte=Now())
-        return qs if queues is None else qs.filter(queue_name__in=list(queues))
-
-    def attempts_of(self, result_id: str | uuid.UUID) -> JobQuerySet:
-        return self.filter(result_id=result_id).order_by("attempt")
-
-    def prunable(self, older_than: timedelta, states: Iterable[str] | None = None) -> JobQuerySet:
-        """Terminal attempts that finished more than `older_than` ago, by the database clock.
-
-        Never an attempt of a task that still has a live attempt: a retrying task keeps its
-        whole history until it is done.
-        """
-        states = TERMINAL_STATES if states is None else {State(s) for s in states}
-        if live := states & LIVE_STATES:
-            raise ValueError(f"Only terminal attempts can be pruned, not {sorted(live)}.")
-        retrying = self.model._default_manager.live().values("result_id")
-        return self.filter(state__in=sorted(states), finished_at__lt=Now() - older_than).exclude(
-            result_id__in=retrying
-        )
-
-    def counts_by_queue(self) -> dict[str, dict[str, int]]:
-        """Return {queue: {state: count}}, every state present, for the queues with jobs."""
-        counts: dict[str, dict[str, int]] = {}
-        rows = self.order_by().values_list("queue_name", "state").annotate(n=models.Count("pk"))
-        for queue, state, n in rows:
-            counts.setdefault(queue, dict.fromkeys(State.values, 0))[state] = n
-        return dict(sorted(counts.items()))
-
-    def oldest_runnable_age(self) -> float | None:
-        """Seconds the longest-waiting runnable job has been due (database clock), or None."""
-        age = self.runnable().aggregate(age=Now() - models.Min("run_after"))["age"]
-        return None if age is None else max(0.0, age.total_seconds())
-
-    def stats(self, lost_after: float) -> dict[str, Any]:
-        """Describe the queues and the workers, in the shape `jobstats --json` prints.
-
-        A worker is lost once silent for `lost_after` seconds (database clock), as for
-        rescue_lost(); a worker with running attempts but no heartbeat row at all is lost too.
-        """
-        from .models import WorkerHeartbeat
-
-        running = self.running().order_by().values_list("worker_id").annotate(n=models.Count("pk"))
-        per_worker: dict[str, int] = dict(running)
-        workers = []
-        beats = WorkerHeartbeat.objects.annotate(age=Now() - models.F("last_seen"))
-        for beat in beats:
-            age = max(0.0, beat.age.total_seconds())
-            workers.append(
-                {
-                    "worker_id": beat.worker_id,
-                    "host": beat.host,
-                    "pid": beat.pid,
-                    "last_seen_age_seconds": round(age, 3),
-                    "lost": age > lost_after,
-                    "running": per_worker.pop(beat.worker_id, 0),
-                }
-            )
-        for worker_id, n in per_worker.items():
-            workers.append(
-                {
-                    "worker_id": worker_id,
-                    "host": None,
-                    "pid": None,
-                    "last_seen_age_seconds": None,
-                    "lost": True,
-                    "running": n,
-                }
-            )
-        workers.sort(key=lambda worker: worker["worker_id"])
-        age = self.oldest_runnable_age()
-        return {
-            "queues": self.counts_by_queue(),
-            "oldest_runnable_age_seconds": None if age is None else round(age, 3),
-            "workers": workers,
-            "lost_workers": sum(worker["lost"] for worker in workers),
-        }
 
 
 class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
