@@ -1,9 +1,9 @@
 """The worker loop: claim runnable jobs, run each task, record the outcome.
 
-Beside the loop, a watchdog thread heartbeats, rescues the attempts of lost workers, and
-stops an attempt that runs past its timeout. Under `runjobs` each worker is a child
-process of a supervisor (supervisor.py), so a timed-out attempt is stopped by ending the
-whole process, whatever the task is doing.
+Beside the loop, a watchdog thread (watchdog.py) heartbeats, rescues the attempts of
+lost workers, and stops an attempt that runs past its timeout. Under `runjobs` each
+worker is a child process of a supervisor (supervisor.py), so a timed-out attempt is
+stopped by ending the whole process, whatever the task is doing.
 """
 
 from __future__ import annotations
@@ -33,11 +33,12 @@ from django.utils import timezone
 
 from .backend import JobStateBackend, load_task, to_task_result
 from .conf import get_settings
-from .exceptions import JobTimeout, LostRace
+from .exceptions import LostRace
 from .managers import class_path, encode_payload
-from .models import Job, WorkerHeartbeat
+from .models import Job
 from .states import FailureReason, State
 from .wakeup import Waiter
+from .watchdog import Watchdog
 
 logger = logging.getLogger("django_jobstate.worker")
 T = TypeVar("T")
@@ -290,71 +291,3 @@ class Worker:
         except InvalidTask:
             return  # the task cannot be imported: there is no Task to describe
         task_finished.send(JobStateBackend, task_result=result)
-
-
-class Watchdog(threading.Thread):
-    """Heartbeats for its worker, rescues lost workers' attempts, enforces timeouts."""
-
-    def __init__(self, worker: Worker) -> None:
-        super().__init__(name=f"jobstate-watchdog-{worker.worker_id}", daemon=True)
-        self.worker = worker
-        self.settings = get_settings()
-        self._done = threading.Event()
-        self._parent = os.getppid()
-
-    def run(self) -> None:
-        next_beat = time.monotonic() + self.settings.HEARTBEAT_INTERVAL
-        try:
-            while not self._done.wait(self._sleep(next_beat)):
-                current = self.worker.current
-                if current and current[1] is not None and time.monotonic() >= current[1]:
-                    self._guarded(lambda job=current[0]: self._time_out(job))
-                if time.monotonic() >= next_beat:
-                    next_beat = time.monotonic() + self.settings.HEARTBEAT_INTERVAL
-                    self._guarded(self.beat)
-                    self._guarded(self.rescue)
-                    if os.getppid() != self._parent:
-                        logger.warning("Worker %s lost its parent; stopping", self.worker.worker_id)
-                        self.worker.stop()
-        finally:
-            connection.close()
-
-    def _sleep(self, next_beat: float) -> float:
-        wake = next_beat
-        current = self.worker.current
-        if current is not None and current[1] is not None:
-            wake = min(wake, current[1])
-        return max(0.01, wake - time.monotonic())
-
-    def _guarded(self, action: Callable[[], object]) -> None:  # a DB outage must not end it
-        try:
-            action()
-        except DatabaseError:
-            logger.exception("Worker %s: database unavailable; will retry", self.worker.worker_id)
-            connection.close()
-
-    def beat(self) -> None:
-        WorkerHeartbeat.objects.beat(
-            self.worker.worker_id,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            queues=self.worker.queues,
-        )
-
-    def rescue(self) -> None:
-        Job.objects.rescue_lost(self.settings.LOST_AFTER)
-        WorkerHeartbeat.objects.forget_lost(self.settings.LOST_AFTER)
-
-    def _time_out(self, job: Job) -> None:
-        self.worker.current = None
-        error = JobTimeout(f"the attempt ran past its timeout of {job.timeout:g} seconds")
-        failed = Job.objects.fail_running(
-            self.worker.worker_id, FailureReason.TIMEOUT, error, pk=job.pk
-        )
-        if failed and self.worker.on_timeout is not None:
-            self.worker.on_timeout(job)
-
-    def finish(self) -> None:
-        self._done.set()
-        self.join()
-        self._guarded(lambda: WorkerHeartbeat.objects.forget(self.worker.worker_id))
