@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from numbers import Real
 from typing import TYPE_CHECKING, Any
@@ -89,6 +89,15 @@ class JobStateBackend(BaseTaskBackend):
         _check_option(task, "timeout", minimum=0.001)
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
+        return self.bulk_enqueue(task, [(args, kwargs)])[0]
+
+    def bulk_enqueue(
+        self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
+    ) -> list[TaskResult]:
+        """Enqueue many calls of `task` at once, all or none: `[(args, kwargs), ...]`.
+
+        Not part of django.tasks: a fast path for enqueueing thousands of jobs.
+        """
         self.validate_task(task)
         try:
             importable = load_task(task.module_path).func is task.func
@@ -102,10 +111,9 @@ class JobStateBackend(BaseTaskBackend):
         from .models import Job
 
         defaults = get_settings()
-        job = Job.objects.enqueue(
+        jobs = Job.objects.enqueue_many(
             task.module_path,
-            args,
-            kwargs,
+            calls,
             queue_name=task.queue_name,
             priority=task.priority,
             run_after=task.run_after,
@@ -114,9 +122,10 @@ class JobStateBackend(BaseTaskBackend):
             backoff=_option(task, "backoff", defaults.DEFAULT_BACKOFF),
             timeout=_option(task, "timeout", defaults.DEFAULT_TIMEOUT),
         )
-        result = to_task_result([job], task)
-        task_enqueued.send(type(self), task_result=result)
-        return result
+        results = [to_task_result([job], task) for job in jobs]
+        for result in results:
+            task_enqueued.send(type(self), task_result=result)
+        return results
 
     def get_result(self, result_id: str) -> TaskResult:
         from .models import Job

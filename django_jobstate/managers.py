@@ -77,6 +77,15 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         task_path: str,
         args: Sequence[Any] = (),
         kwargs: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> Job:
+        """Create the first attempt of a task, queued. `options` as for enqueue_many()."""
+        return self.enqueue_many(task_path, [(args, kwargs or {})], **options)[0]
+
+    def enqueue_many(
+        self,
+        task_path: str,
+        calls: Iterable[tuple[Sequence[Any], dict[str, Any]]],
         *,
         queue_name: str = "default",
         priority: int = 0,
@@ -85,24 +94,33 @@ class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[mis
         max_attempts: int = 1,
         backoff: float = 0,
         timeout: float | None = None,
-    ) -> Job:
-        """Create the first attempt of a task, queued."""
+    ) -> list[Job]:
+        """Create the first attempts of several calls of one task: all of them, or none.
+
+        On PostgreSQL, a trigger on the table wakes listening workers (migration 0002).
+        """
         now = timezone.now()
-        job = self.create(  # on PostgreSQL, a trigger wakes listening workers (migration 0002)
-            result_id=uuid.uuid4(),
-            task_path=task_path,
-            args=encode_payload(list(args), "Task arguments"),
-            kwargs=encode_payload(dict(kwargs or {}), "Task keyword arguments"),
-            queue_name=queue_name,
-            priority=priority,
-            run_after=run_after or now,
-            enqueued_at=now,
-            backend=backend,
-            max_attempts=max_attempts,
-            backoff=backoff,
-            timeout=timeout,
-        )
-        return job
+        jobs = [
+            self.model(
+                result_id=uuid.uuid4(),
+                task_path=task_path,
+                args=encode_payload(list(args), "Task arguments"),
+                kwargs=encode_payload(dict(kwargs), "Task keyword arguments"),
+                queue_name=queue_name,
+                priority=priority,
+                run_after=run_after or now,
+                enqueued_at=now,
+                backend=backend,
+                max_attempts=max_attempts,
+                backoff=backoff,
+                timeout=timeout,
+            )
+            for args, kwargs in calls
+        ]
+        if len(jobs) == 1:  # one INSERT, without bulk_create's transaction round trips
+            jobs[0].save(force_insert=True, using=router.db_for_write(self.model))
+            return jobs
+        return self.bulk_create(jobs, batch_size=1000)  # in one transaction
 
     def claim(
         self, worker_id: str, *, queues: Iterable[str] | None = None, limit: int = 1

@@ -13,6 +13,7 @@ from django.test import modify_settings
 from django.utils import timezone
 
 from django_jobstate.backend import JobStateBackend
+from django_jobstate.exceptions import InvalidPayload
 from django_jobstate.models import Job
 from django_jobstate.states import State
 from tests.factories import JobFactory
@@ -338,3 +339,26 @@ def test_check_requires_the_app(remove, expected):
 
     assert [e.id for e in errors] == [f"django_jobstate.{id}" for id in expected]
     assert all("TASKS['x']" in e.msg for e in errors)
+
+
+@pytest.mark.django_db
+def test_bulk_enqueue_writes_every_call_in_one_go():
+    calls = [([f"job {n}"], {}) for n in range(2500)]  # more than one INSERT batch
+
+    results = default_task_backend.bulk_enqueue(record, calls)
+
+    assert len(results) == 2500
+    assert {r.status for r in results} == {TaskResultStatus.READY}
+    rows = Job.objects.filter(result_id__in=[r.id for r in results[:10]]).order_by("id")
+    assert [row.args for row in rows] == [[f"job {n}"] for n in range(10)]
+    assert Job.objects.queued().count() == 2500
+
+
+@pytest.mark.django_db(transaction=True)  # the rollback under test is bulk_enqueue's own
+def test_bulk_enqueue_is_all_or_nothing():
+    calls = [(["fine"], {}), ([{1, 2}], {}), (["also fine"], {})]
+
+    with pytest.raises(InvalidPayload, match="Task arguments must be JSON"):
+        default_task_backend.bulk_enqueue(record, calls)
+
+    assert not Job.objects.exists()
