@@ -12,7 +12,7 @@ which deletes a job only while it is queued: from the Cancel action or a queued 
 import json
 import uuid
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
@@ -38,7 +38,12 @@ from .admin_filters import (
 )
 from .exceptions import LostRace
 from .models import Job
+from .querysets import JobQuerySet
 from .states import State
+
+if TYPE_CHECKING:
+    from django.contrib.admin.options import _FieldsetSpec
+    from django_stubs_ext import StrOrPromise
 
 ERROR_FIELDSET = (_("Error"), {"fields": ["error_class", "error_message", "traceback_pre"]})
 FIELDSETS = [
@@ -104,7 +109,7 @@ class JobAdmin(admin.ModelAdmin):
     paginator = CappedPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
-    fieldsets = FIELDSETS
+    fieldsets = cast("_FieldsetSpec", FIELDSETS)  # plain dicts where the stubs have a TypedDict
     readonly_fields = [name for _title, options in FIELDSETS for name in options["fields"]]
 
     class Media:
@@ -219,7 +224,8 @@ class JobAdmin(admin.ModelAdmin):
             # Every attempt of this logical task, for the history table under the fields.
             attempts = list(Job.objects.attempts_of(obj.result_id))
             for attempt in attempts:
-                attempt.duration_text = self.duration(attempt)
+                # An attribute for the template only, not a model field.
+                attempt.duration_text = self.duration(attempt)  # type: ignore[attr-defined]
             context["attempts"] = attempts
         return super().render_change_form(request, context, add, change, form_url, obj)
 
@@ -264,7 +270,7 @@ class JobAdmin(admin.ModelAdmin):
         self.report(request, verb, selected, retried, _("not failed, or already retried"))
 
     @admin.action(description=_("Run the selected queued jobs now"), permissions=["operate"])
-    def run_now(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    def run_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = self.selected_count(request, queryset)
         # One conditional UPDATE; a job that is already due keeps its place in the queue.
         moved = queryset.queued().update(run_after=Least("run_after", Now()))
@@ -276,7 +282,7 @@ class JobAdmin(admin.ModelAdmin):
         self.report(request, verb, selected, moved, _("no longer queued"))
 
     @admin.action(description=_("Cancel the selected queued jobs"), permissions=["cancel"])
-    def cancel_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
+    def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
         selected = self.selected_count(request, queryset)
         cancelled = []
         for job in queryset.queued():
@@ -286,7 +292,8 @@ class JobAdmin(admin.ModelAdmin):
                 continue
             cancelled.append(job)
         if cancelled:
-            self.log_deletions(request, cancelled)
+            # The rows are gone: log the jobs as read (the default log_deletions() only iterates).
+            self.log_deletions(request, cancelled)  # type: ignore[arg-type]
         verb = ngettext(
             "Cancelled %(done)d of %(selected)d selected job",
             "Cancelled %(done)d of %(selected)d selected jobs",
@@ -301,7 +308,7 @@ class JobAdmin(admin.ModelAdmin):
         return len(set(request.POST.getlist(ACTION_CHECKBOX_NAME)))
 
     def report(
-        self, request: HttpRequest, verb: str, selected: int, done: int, skip_reason: str
+        self, request: HttpRequest, verb: str, selected: int, done: int, skip_reason: "StrOrPromise"
     ) -> None:
         """Tell how many jobs an action moved and how many it skipped because they moved on."""
         selected = max(selected, done)

@@ -6,7 +6,7 @@ read a bounded number of rows, or use an index.
 """
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin
 from django.contrib.admin.templatetags.admin_list import date_hierarchy
@@ -19,6 +19,9 @@ from django.utils.functional import cached_property
 from django.utils.translation import gettext_lazy as _
 
 from .states import State
+
+if TYPE_CHECKING:
+    from django_stubs_ext import StrOrPromise
 
 # How many rows a count or a filter's list of choices looks at, at most.
 SCAN_LIMIT = 10_000
@@ -40,7 +43,7 @@ class CappedPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        return capped_count(self.object_list)
+        return capped_count(cast("QuerySet[Any]", self.object_list))  # the admin pages querysets
 
     @property
     def display_count(self) -> str:
@@ -49,10 +52,14 @@ class CappedPaginator(Paginator):
 
 def state_counts(request: HttpRequest, cl: ChangeList) -> list[dict[str, Any]]:
     """Per state, the jobs that match every current filter but the state filter, capped."""
-    spec = next(spec for spec in cl.filter_specs if getattr(spec, "field_path", "") == "state")
+    # The "state" field has choices, so the admin builds a ChoicesFieldListFilter for it.
+    spec = cast(
+        admin.ChoicesFieldListFilter,
+        next(spec for spec in cl.filter_specs if getattr(spec, "field_path", "") == "state"),
+    )
     queryset = cl.get_queryset(request, exclude_parameters=spec.expected_parameters())
     current = request.GET.get(spec.lookup_kwarg)
-    rows = [
+    rows: list[dict[str, Any]] = [
         {
             "state": state.value,
             "label": state.label,
@@ -116,7 +123,7 @@ class HasRetriesFilter(admin.SimpleListFilter):
     title = _("has retries")
     parameter_name = "retried"
 
-    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, str]]:
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, "StrOrPromise"]]:
         return [("yes", _("Yes")), ("no", _("No"))]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
@@ -192,4 +199,4 @@ class CalendarChangeList:
 
 def date_navigation(cl: ChangeList) -> dict[str, Any] | None:
     """The context of Django's date hierarchy, without its SELECT DISTINCT."""
-    return date_hierarchy(CalendarChangeList(cl))
+    return date_hierarchy(cast(ChangeList, CalendarChangeList(cl)))  # a stand-in, duck-typed

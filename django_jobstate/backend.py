@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from numbers import Real
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
 from django.core.checks import CheckMessage, Error
@@ -62,7 +62,8 @@ def _check_option(task: Task, name: str, *, minimum: float, allow_none: bool = T
     value = getattr(task, name, None)
     if value is None and allow_none:
         return
-    if isinstance(value, bool) or not isinstance(value, Real) or not value >= minimum:
+    # typeshed gives numbers.Real no __ge__; `not >=` also refuses NaN.
+    if isinstance(value, bool) or not isinstance(value, Real) or not value >= minimum:  # type: ignore[operator]
         raise InvalidTask(
             f"{name} of task {task.module_path!r} must be a number of at least {minimum}, "
             f"not {value!r}."
@@ -170,7 +171,7 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
             task, queue_name=newest.queue_name, priority=newest.priority, backend=newest.backend
         )
     started = [a for a in attempts if a.started_at is not None]
-    result = TaskResult(
+    result: TaskResult[Any, Any] = TaskResult(
         task=task,
         id=str(newest.result_id),
         status=STATUS[State(newest.state)],
@@ -186,7 +187,8 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
             for a in attempts
             if a.state == State.FAILED
         ],
-        worker_ids=[a.worker_id for a in started],
+        # The check constraints give every started attempt a worker_id.
+        worker_ids=[cast(str, a.worker_id) for a in started],
     )
     if newest.state == State.SUCCEEDED:
         object.__setattr__(result, "_return_value", newest.return_value)

@@ -112,7 +112,7 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
 @register()
 def check_setting_names(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     known = [f"JOBSTATE_{name}" for name in DEFAULTS]
-    messages = []
+    messages: list[CheckMessage] = []
     for name in sorted(dir(settings)):
         if not name.startswith("JOBSTATE_") or name in known:
             continue

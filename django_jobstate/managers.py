@@ -26,7 +26,7 @@ from .querysets import JobQuerySet
 from .states import TERMINAL_STATES, FailureReason, State, check_transition
 
 if TYPE_CHECKING:
-    from .models import Job
+    from .models import Job, WorkerHeartbeat
 
 logger = logging.getLogger("django_jobstate")
 
@@ -71,7 +71,11 @@ def _now_sql(connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
     return "%s", [connection.ops.adapt_datetimefield_value(timezone.now())]
 
 
-class JobManager(models.Manager.from_queryset(JobQuerySet)):  # type: ignore[misc]
+# A module-level name, so that django-stubs types the manager's queryset methods.
+_JobManagerBase = models.Manager.from_queryset(JobQuerySet)
+
+
+class JobManager(_JobManagerBase["Job"]):
     def enqueue(
         self,
         task_path: str,

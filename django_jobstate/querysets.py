@@ -13,7 +13,7 @@ from django.db.models.functions import Now
 from .states import LIVE_STATES, TERMINAL_STATES, State
 
 if TYPE_CHECKING:
-    pass
+    from .models import Job
 
 
 class JobQuerySet(models.QuerySet["Job"]):

@@ -1,8 +1,11 @@
 """Signal receivers, connected in JobStateConfig.ready()."""
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db.backends.base.base import BaseDatabaseWrapper
+
+if TYPE_CHECKING:
+    from django.db.backends.sqlite3.base import DatabaseWrapper as SQLiteDatabaseWrapper
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -18,5 +21,5 @@ def configure_sqlite(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any
         return
     with connection.cursor() as cursor:
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
-        if not connection.is_in_memory_db():
+        if not cast("SQLiteDatabaseWrapper", connection).is_in_memory_db():
             cursor.execute("PRAGMA journal_mode = WAL")

@@ -102,6 +102,7 @@ class Supervisor:
         from .models import Job, WorkerHeartbeat
 
         code = child.process.exitcode
+        assert code is not None  # run() reaps a child only after join()
         if code in (0, EXIT_RECYCLE):
             return
         if self.interrupted:

@@ -7,6 +7,7 @@ fails the attempt in hand once it is past its timeout.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -44,7 +45,7 @@ class Watchdog(threading.Thread):
             while not self._done.wait(self._sleep(next_beat)):
                 current = self.worker.current
                 if current and current[1] is not None and time.monotonic() >= current[1]:
-                    self._guarded(lambda job=current[0]: self._time_out(job))
+                    self._guarded(functools.partial(self._time_out, current[0]))
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.settings.HEARTBEAT_INTERVAL
                     self._guarded(self.beat)

@@ -8,6 +8,7 @@ stopped by ending the whole process, whatever the task is doing.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -235,7 +236,7 @@ class Worker:
         for outcome in outcomes:
             if outcome.error is not None:
                 try:
-                    self._retrying(lambda o=outcome: self._fail(o))
+                    self._retrying(functools.partial(self._fail, outcome))
                 except LostRace as exc:
                     self._lost_race(outcome.job, str(exc))
                 else:
