@@ -65,34 +65,48 @@ def test_max_jobs_replaces_the_worker_process_after_that_many(runjobs):
     assert sorted(per_worker.values()) == [1, 2, 2]
 
 
+def send(proc, signum, to_group):
+    """Signal the runjobs process, or its whole process group as Ctrl-C in a terminal does."""
+    if to_group:
+        os.killpg(proc.pid, signum)
+    else:
+        proc.send_signal(signum)
+
+
+@pytest.mark.parametrize("to_group", [False, True], ids=["process", "group"])
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_a_signal_finishes_the_job_in_hand_then_exits(runjobs, signum):
-    slow = tasks.sleep_then_record.enqueue("slow", 1.5)
-    proc = runjobs.start("--poll-interval", "0.05")
-    wait_for(lambda: Job.objects.running().exists())
+def test_a_signal_finishes_the_jobs_in_hand_then_exits(runjobs, signum, to_group):
+    slow = [tasks.sleep_then_record.enqueue(f"slow {n}", 1.5) for n in range(2)]
+    proc = runjobs.start("--poll-interval", "0.05", "--concurrency", "2")
+    wait_for(lambda: Job.objects.running().count() == 2)
     tasks.record.enqueue("must wait for the next worker")
 
-    out = runjobs.stop(proc, signum)
+    send(proc, signum, to_group)
+    proc.wait(timeout=30)
 
-    assert proc.returncode == 0, out
-    assert tasks.sleep_then_record.get_result(slow.id).status == TaskResultStatus.SUCCESSFUL
-    assert list(Execution.objects.values_list("label", flat=True)) == ["slow"]
+    assert proc.returncode == 0, runjobs.output(proc)
+    for result in slow:
+        assert tasks.sleep_then_record.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+    assert sorted(Execution.objects.values_list("label", flat=True)) == ["slow 0", "slow 1"]
     assert Job.objects.queued().count() == 1
 
 
-def test_a_second_signal_stops_at_once_and_fails_the_attempt_as_interrupted(runjobs):
-    slow = tasks.sleep_then_record.enqueue("never", 60)
-    proc = runjobs.start("--poll-interval", "0.05")
-    wait_for(lambda: Job.objects.running().exists())
+@pytest.mark.parametrize("to_group", [False, True], ids=["process", "group"])
+def test_a_second_signal_stops_at_once_and_fails_the_attempts_as_interrupted(runjobs, to_group):
+    never = [tasks.sleep_then_record.enqueue(f"never {n}", 60) for n in range(2)]
+    proc = runjobs.start("--poll-interval", "0.05", "--concurrency", "2")
+    wait_for(lambda: Job.objects.running().count() == 2)
 
-    proc.send_signal(signal.SIGINT)
+    send(proc, signal.SIGINT, to_group)
     time.sleep(0.2)
-    out = runjobs.stop(proc, signal.SIGINT)
+    send(proc, signal.SIGINT, to_group)
+    proc.wait(timeout=10)
 
-    assert proc.returncode == 0, out
-    job = Job.objects.get(result_id=slow.id)
-    assert (job.state, job.failure_reason) == (State.FAILED, FailureReason.INTERRUPTED)
-    assert job.error_class == "django_jobstate.exceptions.WorkerInterrupted"
+    assert proc.returncode == 0, runjobs.output(proc)
+    for result in never:
+        job = Job.objects.get(result_id=result.id)
+        assert (job.state, job.failure_reason) == (State.FAILED, FailureReason.INTERRUPTED)
+        assert job.error_class == "django_jobstate.exceptions.WorkerInterrupted"
     assert not Job.objects.running().exists()
     assert not Execution.objects.exists()
 
