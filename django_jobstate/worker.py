@@ -161,7 +161,15 @@ class Worker:
     def _run_batch(self, jobs: list[Job]) -> None:
         """Run every claimed job (they are in hand: a stop request waits for them)."""
         done: list[Outcome] = []
-        for job in jobs:
+        checked, mine = time.monotonic(), {job.pk for job in jobs}
+        for index, job in enumerate(jobs):
+            if time.monotonic() - checked > get_settings().HEARTBEAT_INTERVAL:
+                # This process may have been paused long enough to be taken for lost (its
+                # heartbeats stop too): start only the attempts that are still its own.
+                checked, mine = time.monotonic(), self._still_mine(jobs[index:])
+            if job.pk not in mine:
+                self._lost_race(job, "it was failed while this worker was not heard from")
+                continue
             if job.timeout is not None:
                 self._record(done)  # a timeout ends the process: write what we know first
                 done = []
@@ -171,6 +179,10 @@ class Worker:
                 self._record(done)
                 done = []
         self._record(done)
+
+    def _still_mine(self, jobs: list[Job]) -> set[int]:
+        mine = Job.objects.running().filter(worker_id=self.worker_id, pk__in=[j.pk for j in jobs])
+        return set(self._retrying(lambda: set(mine.values_list("pk", flat=True))))
 
     def run_attempt(self, job: Job) -> None:
         """Run one claimed attempt and record its outcome, fenced by state and worker."""

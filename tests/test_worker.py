@@ -271,3 +271,24 @@ def test_task_started_then_task_finished_are_sent(task_path, final):
         (task_started, JobStateBackend, str(job.result_id), TaskResultStatus.RUNNING),
         (task_finished, JobStateBackend, str(job.result_id), final),
     ]
+
+
+def test_a_batch_skips_attempts_failed_while_the_worker_was_not_heard_from(settings):
+    settings.JOBSTATE_HEARTBEAT_INTERVAL = 0.01
+    slow = JobFactory(task_path="tests.tasks.sleep_then_record", args=["a", 0.1], priority=2)
+    JobFactory(args=["b"], priority=1)
+    JobFactory(args=["c"], priority=0)
+    batch = Job.objects.claim("w", limit=3)
+    assert batch[0].pk == slow.pk
+    # While "w" was paused, a rescuer failed its other attempts as lost.
+    for job in batch[1:]:
+        Job.objects.fail_running("w", FailureReason.LOST, RuntimeError("lost"), pk=job.pk)
+
+    Worker(worker_id="w")._run_batch(batch)
+
+    assert executions() == ["a"]  # b and c were not started by a worker that lost them
+    assert [j.state for j in Job.objects.order_by("-priority")] == [
+        State.SUCCEEDED,
+        State.FAILED,
+        State.FAILED,
+    ]
