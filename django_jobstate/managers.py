@@ -39,7 +39,7 @@ def encode_payload(value: Any, what: str) -> Any:
     """Return `value` as it will read back from JSON, or raise InvalidPayload."""
     try:
         text = json.dumps(value, allow_nan=False)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(
             f"{what} must be JSON: {exc}. Use str, int, float, bool, None, and lists and "
             f"dicts of them (pass a datetime as an ISO string, a model instance by its pk)."

@@ -209,6 +209,11 @@ class Worker:
 
     def _call(self, job: Job) -> object:
         task = self._load_task(job.task_path)  # a path that is not a Task fails: nothing runs
+        if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
+            raise InvalidTask(  # a row written behind the app's back: never guess
+                f"Job {job.pk} has args {type(job.args).__name__} and kwargs "
+                f"{type(job.kwargs).__name__}; they must be a JSON array and a JSON object."
+            )
         result = to_task_result([*self._previous_attempts(job), job], task)
         task_started.send(JobStateBackend, task_result=result)
         if task.takes_context:
@@ -301,6 +306,7 @@ class Worker:
             result = to_task_result(
                 [*self._previous_attempts(job), job], self._load_task(job.task_path)
             )
-        except InvalidTask:
-            return  # the task cannot be imported: there is no Task to describe
+        except Exception:  # e.g. the task is gone, or the row cannot be a TaskResult
+            logger.warning("Job %s: no task_finished signal", job.pk, exc_info=True)
+            return
         task_finished.send(JobStateBackend, task_result=result)
