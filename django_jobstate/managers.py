@@ -35,22 +35,44 @@ def class_path(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
 
+MAX_PAYLOAD_DEPTH = 100
+
+
 def encode_payload(value: Any, what: str) -> Any:
     """Return `value` as it will read back from JSON, or raise InvalidPayload."""
     try:
-        text = json.dumps(value, allow_nan=False)
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        size = len(text.encode())  # lone surrogates cannot be stored as text
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(
             f"{what} must be JSON: {exc}. Use str, int, float, bool, None, and lists and "
             f"dicts of them (pass a datetime as an ISO string, a model instance by its pk)."
         ) from None
     limit = get_settings().MAX_PAYLOAD_BYTES
-    if len(text.encode()) > limit:
+    if size > limit:
         raise InvalidPayload(
-            f"{what} take {len(text.encode()):,} bytes as JSON, more than "
+            f"{what} take {size:,} bytes as JSON, more than "
             f"JOBSTATE_MAX_PAYLOAD_BYTES ({limit:,}). Store large data elsewhere and pass its key."
         )
-    return json.loads(text)
+    decoded = json.loads(text)
+    if problem := _unstorable(decoded):
+        raise InvalidPayload(f"{what} {problem}.")
+    return decoded
+
+
+def _unstorable(value: Any) -> str | None:
+    """Say why PostgreSQL could not store `value` as jsonb (iteratively: it may be deep)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str) and "\x00" in item:
+            return "contain a NUL character, which PostgreSQL cannot store"
+        if isinstance(item, dict | list):
+            if depth > MAX_PAYLOAD_DEPTH:
+                return f"are nested more than {MAX_PAYLOAD_DEPTH} levels deep"
+            children = [*item, *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
 
 
 def backoff_delay(backoff: float, attempt: int) -> float:
@@ -387,17 +409,26 @@ class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
     def beat(self, worker_id: str, *, host: str, pid: int, queues: list[str] | None) -> None:
         """Say that `worker_id` is alive now (registering it if it is new or was reaped)."""
         if not self.filter(worker_id=worker_id).update(last_seen=Now()):
-            self.update_or_create(
-                worker_id=worker_id,
-                defaults={"last_seen": Now()},
-                create_defaults={
-                    "host": host,
-                    "pid": pid,
-                    "queues": queues,
-                    "started_at": Now(),
-                    "last_seen": Now(),
-                },
+            # One INSERT ... ON CONFLICT, not a read then a write: SQLite would refuse that
+            # transaction at once ("database is locked") while another process writes.
+            now = timezone.now()
+            self.bulk_create(
+                [
+                    self.model(
+                        worker_id=worker_id,
+                        host=host,
+                        pid=pid,
+                        queues=queues,
+                        started_at=now,
+                        last_seen=now,
+                    )
+                ],
+                update_conflicts=True,
+                unique_fields=["worker_id"],
+                update_fields=["last_seen"],
             )
+            # Lost workers are judged by the database clock, whatever this process's says.
+            self.filter(worker_id=worker_id).update(started_at=Now(), last_seen=Now())
 
     def forget(self, worker_id: str) -> None:
         """Remove a worker that stopped cleanly."""

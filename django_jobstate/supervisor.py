@@ -136,7 +136,7 @@ class Supervisor:
             return False
         if code != EXIT_RECYCLE and time.monotonic() - child.started < 1.0:
             time.sleep(1.0)  # a worker that dies at once (e.g. no database): do not spin
-        return True
+        return not self.stopping  # a stop may have come during the sleep
 
 
 def run_child(options: dict[str, Any], log_level: int) -> None:

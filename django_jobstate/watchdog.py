@@ -45,11 +45,11 @@ class Watchdog(threading.Thread):
             while not self._done.wait(self._sleep(next_beat)):
                 current = self.worker.current
                 if current and current[1] is not None and time.monotonic() >= current[1]:
-                    self._guarded(functools.partial(self._time_out, current[0]))
+                    self.guarded(functools.partial(self._time_out, current[0]))
                 if time.monotonic() >= next_beat:
                     next_beat = time.monotonic() + self.settings.HEARTBEAT_INTERVAL
-                    self._guarded(self.beat)
-                    self._guarded(self.rescue)
+                    self.guarded(self.beat)
+                    self.guarded(self.rescue)
                     if os.getppid() != self._parent:
                         logger.warning("Worker %s lost its parent; stopping", self.worker.worker_id)
                         self.worker.stop()
@@ -60,10 +60,11 @@ class Watchdog(threading.Thread):
         wake = next_beat
         current = self.worker.current
         if current is not None and current[1] is not None:
-            wake = min(wake, current[1])
+            # Past the deadline already means the timeout write failed: retry twice a second.
+            wake = min(wake, max(current[1], time.monotonic() + 0.5))
         return max(0.01, wake - time.monotonic())
 
-    def _guarded(self, action: Callable[[], object]) -> None:  # a DB outage must not end it
+    def guarded(self, action: Callable[[], object]) -> None:  # a DB outage must not end it
         try:
             action()
         except DatabaseError:
@@ -83,15 +84,16 @@ class Watchdog(threading.Thread):
         WorkerHeartbeat.objects.forget_lost(self.settings.LOST_AFTER)
 
     def _time_out(self, job: Job) -> None:
-        self.worker.current = None
         error = JobTimeout(f"the attempt ran past its timeout of {job.timeout:g} seconds")
         failed = Job.objects.fail_running(
             self.worker.worker_id, FailureReason.TIMEOUT, error, pk=job.pk
         )
+        # Only now: if the write failed (the database is away), the next wake tries again.
+        self.worker.current = None
         if failed and self.worker.on_timeout is not None:
             self.worker.on_timeout(job)
 
     def finish(self) -> None:
         self._done.set()
         self.join()
-        self._guarded(lambda: WorkerHeartbeat.objects.forget(self.worker.worker_id))
+        self.guarded(lambda: WorkerHeartbeat.objects.forget(self.worker.worker_id))

@@ -120,7 +120,7 @@ class Worker:
         queues = ", ".join(self.queues) if self.queues else "all queues"
         logger.info("Worker %s started on %s", self.worker_id, queues)
         watchdog = Watchdog(self)
-        watchdog.beat()
+        watchdog.guarded(watchdog.beat)  # register; if the database is away, the next beat will
         watchdog.start()
         waiter = Waiter(self._stopping)
         try:
@@ -161,6 +161,9 @@ class Worker:
     def _run_batch(self, jobs: list[Job]) -> None:
         """Run every claimed job (they are in hand: a stop request waits for them)."""
         done: list[Outcome] = []
+        # An attempt past its timeout ends the process and fails what it still holds: run
+        # the attempts with a timeout last, so that no other attempt is held then.
+        jobs = sorted(jobs, key=lambda job: job.timeout is not None)
         checked, mine = time.monotonic(), {job.pk for job in jobs}
         for index, job in enumerate(jobs):
             if time.monotonic() - checked > get_settings().HEARTBEAT_INTERVAL:

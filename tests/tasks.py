@@ -118,3 +118,23 @@ def record_with_retries(label: str, seconds: float) -> str:
     time.sleep(seconds)
     Execution.objects.create(label=label)
     return label
+
+
+@task
+def returns_nul() -> str:
+    """Return text that SQLite stores and PostgreSQL's jsonb refuses (a NUL character)."""
+    return "nul\x00"
+
+
+@task
+def returns_large(size: int) -> str:
+    """Return a string of `size` characters (past JOBSTATE_MAX_PAYLOAD_BYTES, if large)."""
+    return "x" * size
+
+
+@task(timeout=0.5)
+def returns_after_its_timeout(label: str) -> str:
+    """Record the start, then return a second later: past the 0.5 s timeout."""
+    Execution.objects.create(label=label)
+    time.sleep(1.0)
+    return label

@@ -1,0 +1,27 @@
+"""The torture run's record (bench/torture.py): one row per start of a task body.
+
+The `bench` app is installed only by bench/torture_settings.py.
+"""
+
+from django.db import models
+from django.db.models.functions import Now
+
+
+class Execution(models.Model):
+    """A task body started for one attempt; written by the body itself (torture_tasks.py)."""
+
+    result_id = models.UUIDField(db_index=True)
+    attempt = models.PositiveIntegerField()
+    pid = models.PositiveIntegerField()
+    worker_id = models.CharField(max_length=64)
+    # The attempt's state as the INSERT that wrote this row saw it: "running", unless the
+    # body started after its attempt had already ended.
+    seen_state = models.CharField(max_length=16, blank=True)
+    # The database clock, like the Job's started_at/finished_at.
+    recorded_at = models.DateTimeField(db_default=Now())
+
+    class Meta:
+        app_label = "bench"
+
+    def __str__(self) -> str:
+        return f"{self.result_id} attempt {self.attempt}"

@@ -1,0 +1,51 @@
+"""Settings for bench/torture.py and the `runjobs` supervisors it starts.
+
+torture.py sets the database in the environment: JOBSTATE_TORTURE_DB (postgres or
+sqlite) and JOBSTATE_TORTURE_DB_NAME (a database name or a file path); the PostgreSQL
+server is the one in the PG* variables.
+"""
+
+import os
+
+SECRET_KEY = "torture-not-secret"
+DEBUG = False  # no query log growing in long-lived workers
+USE_TZ = True
+TIME_ZONE = "UTC"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+INSTALLED_APPS = ["django_jobstate", "bench"]
+
+_vendor = os.environ.get("JOBSTATE_TORTURE_DB", "sqlite")
+_name = os.environ.get("JOBSTATE_TORTURE_DB_NAME", "")
+if _vendor == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": _name,
+            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
+            "PORT": os.environ.get("PGPORT", "5432"),
+            "USER": os.environ.get("PGUSER", "postgres"),
+            "PASSWORD": os.environ.get("PGPASSWORD", ""),
+        }
+    }
+elif _vendor == "sqlite":
+    # Django's defaults: the app sets WAL and a busy timeout on its own connections.
+    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": _name}}
+else:
+    raise RuntimeError(f"JOBSTATE_TORTURE_DB must be 'postgres' or 'sqlite', not {_vendor!r}")
+
+TASKS = {"default": {"BACKEND": "django_jobstate.backend.JobStateBackend"}}
+
+# Short, so that a lost worker is rescued in seconds. LOST_AFTER is 8 heartbeats: a
+# loaded machine may miss a few without a live worker being taken for lost.
+JOBSTATE_HEARTBEAT_INTERVAL = 0.5
+JOBSTATE_LOST_AFTER = 4.0
+JOBSTATE_POLL_INTERVAL = 0.1
+JOBSTATE_MAX_BACKOFF = 1.0
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(process)d %(levelname)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"django_jobstate": {"handlers": ["console"], "level": "WARNING"}},
+}

@@ -1,0 +1,342 @@
+"""Random sequences of every state write, against the real database, checked after each step.
+
+A hypothesis state machine keeps its own model of the Job table (each attempt's state and
+worker) and drives enqueue, claim, succeed, fail, rescue (fail_running and rescue_lost),
+retry, cancel and prune, plus stale writes that must lose. After every step it checks the
+invariants: every state is one of four; at most one live attempt per logical task; the
+attempts of a task are 1..n but for the pruned and cancelled ones; a terminal row never
+changes; and the table is what the model expects.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections import Counter, defaultdict
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from django.db.models import Count
+from django.utils import timezone
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from django_jobstate.exceptions import LostRace, WorkerLost
+from django_jobstate.models import Job, WorkerHeartbeat
+from django_jobstate.states import (
+    LIVE_STATES,
+    TERMINAL_STATES,
+    FailureReason,
+    InvalidTransition,
+    State,
+)
+
+WORKERS = ("w1", "w2", "w3")
+MACHINE_SETTINGS = settings(
+    max_examples=50,
+    stateful_step_count=50,
+    deadline=None,
+    database=None,  # no .hypothesis/ directory in the repository
+    suppress_health_check=[HealthCheck.too_slow],
+)
+
+
+@dataclass
+class Attempt:
+    """The model's view of one row."""
+
+    pk: int
+    result_id: Any
+    attempt: int
+    max_attempts: int
+    priority: int
+    run_after: datetime
+    state: State = State.QUEUED
+    worker_id: str | None = None
+    old: bool = False  # started "two hours ago" (see time_passes)
+
+
+def prune_terminal(older_than: timedelta, states: list[str] | None) -> None:
+    """Job.objects.prune() if it exists; else the terminal rows, by a plain delete."""
+    method = getattr(Job.objects, "prune", None)
+    if method is not None and "older_than" in inspect.signature(method).parameters:
+        method(older_than=older_than, states=states)
+        return
+    live = Job.objects.live().values("result_id")
+    doomed = Job.objects.terminal().exclude(result_id__in=live)
+    (doomed if states is None else doomed.filter(state__in=states)).delete()
+
+
+SEEN: Counter[str] = Counter()  # what the runs covered, checked at the end
+
+
+def table() -> dict[int, dict[str, Any]]:
+    return {row["id"]: row for row in Job.objects.values()}
+
+
+class JobMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        Job.objects.update(previous=None)
+        Job.objects.all().delete()
+        WorkerHeartbeat.objects.all().delete()
+        self.rows: dict[int, Attempt] = {}
+        self.gone: dict[Any, set[int]] = defaultdict(set)  # attempts pruned or cancelled
+        self.terminal: dict[int, dict[str, Any]] = {}  # snapshot of each terminal row
+        self.fresh: set[str] = set()  # workers that heartbeat since time last passed
+
+    # Helpers
+
+    def in_state(self, *states: State) -> list[Attempt]:
+        return sorted((a for a in self.rows.values() if a.state in states), key=lambda a: a.pk)
+
+    def add(self, job: Job) -> None:
+        self.rows[job.pk] = Attempt(
+            job.pk, job.result_id, job.attempt, job.max_attempts, job.priority, job.run_after
+        )
+
+    def live_attempt(self, result_id: Any) -> bool:
+        return any(a.result_id == result_id and a.state in LIVE_STATES for a in self.rows.values())
+
+    def exists(self, result_id: Any, attempt: int) -> bool:
+        return any(a.result_id == result_id and a.attempt == attempt for a in self.rows.values())
+
+    def record_failure(self, row: Attempt, job_next: Job | None) -> None:
+        """Apply a fail(): the row failed, and its next attempt exists iff it may retry."""
+        row.state = State.FAILED
+        may_retry = row.attempt < row.max_attempts
+        assert (job_next is not None) == may_retry
+        if job_next is not None:
+            assert (job_next.result_id, job_next.attempt) == (row.result_id, row.attempt + 1)
+            self.add(job_next)
+
+    def must_lose(self, write: Any) -> None:
+        """`write` must raise LostRace (or write nothing) and leave the table as it was."""
+        before = table()
+        try:
+            written = write()
+        except LostRace:
+            pass
+        else:
+            assert not written, f"a write that should have lost wrote {written!r}"
+        assert table() == before
+
+    # Rules
+
+    @rule(
+        max_attempts=st.integers(1, 3),
+        due=st.booleans(),
+        priority=st.sampled_from([0, 0, 5]),
+    )
+    def enqueue(self, max_attempts: int, due: bool, priority: int) -> None:
+        run_after = timezone.now() + timedelta(hours=-1 if due else 1)
+        job = Job.objects.enqueue(
+            "tests.tasks.record",
+            ["x"],
+            max_attempts=max_attempts,
+            priority=priority,
+            run_after=run_after,
+        )
+        self.add(job)
+
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 3))
+    def claim(self, worker: str, limit: int) -> None:
+        now = timezone.now()
+        due = [a for a in self.in_state(State.QUEUED) if a.run_after <= now]
+        due.sort(key=lambda a: (-a.priority, a.run_after, a.pk))
+        won = Job.objects.claim(worker, limit=limit)
+        assert [job.pk for job in won] == [a.pk for a in due[:limit]]
+        for job in won:
+            assert (job.state, job.worker_id) == (State.RUNNING, worker)
+            self.rows[job.pk].state, self.rows[job.pk].worker_id = State.RUNNING, worker
+
+    @precondition(lambda self: self.in_state(State.RUNNING))
+    @rule(data=st.data())
+    def succeed(self, data: st.DataObject) -> None:
+        row = data.draw(st.sampled_from(self.in_state(State.RUNNING)))
+        Job.objects.succeed(Job.objects.get(pk=row.pk), "done")
+        row.state = State.SUCCEEDED
+
+    @precondition(lambda self: self.in_state(State.RUNNING))
+    @rule(worker=st.sampled_from(WORKERS))
+    def succeed_many(self, worker: str) -> None:
+        rows = [a for a in self.in_state(State.RUNNING) if a.worker_id == worker]
+        jobs = [(Job.objects.get(pk=a.pk), a.pk) for a in rows]
+        assert Job.objects.succeed_many(worker, jobs) == {a.pk for a in rows}
+        for row in rows:
+            row.state = State.SUCCEEDED
+
+    @precondition(lambda self: self.in_state(State.RUNNING))
+    @rule(data=st.data())
+    def fail(self, data: st.DataObject) -> None:
+        row = data.draw(st.sampled_from(self.in_state(State.RUNNING)))
+        job = Job.objects.get(pk=row.pk)
+        next_job = Job.objects.fail(job, FailureReason.ERROR, error_class="E", error_message="e")
+        self.record_failure(row, next_job)
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def fail_running(self, worker: str) -> None:
+        """A supervisor whose worker process died fails its attempts as lost."""
+        rows = [a for a in self.in_state(State.RUNNING) if a.worker_id == worker]
+        error = WorkerLost("its worker process was killed by SIGKILL")
+        assert Job.objects.fail_running(worker, FailureReason.LOST, error) == len(rows)
+        self.sync_failures(rows)
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def beat(self, worker: str) -> None:
+        WorkerHeartbeat.objects.beat(worker, host="h", pid=1, queues=None)
+        self.fresh.add(worker)
+
+    @rule()
+    def time_passes(self) -> None:
+        """Two hours pass: every running attempt and every heartbeat is two hours older."""
+        two_hours = timedelta(hours=2)
+        for job in Job.objects.running():
+            Job.objects.filter(pk=job.pk).update(started_at=job.started_at - two_hours)
+            self.rows[job.pk].old = True
+        for beat in WorkerHeartbeat.objects.all():
+            WorkerHeartbeat.objects.filter(pk=beat.pk).update(last_seen=beat.last_seen - two_hours)
+        self.fresh.clear()
+
+    @rule()
+    def rescue_lost(self) -> None:
+        rows = [a for a in self.in_state(State.RUNNING) if a.old and a.worker_id not in self.fresh]
+        assert Job.objects.rescue_lost(lost_after=3600) == len(rows)
+        self.sync_failures(rows)
+
+    def sync_failures(self, rows: list[Attempt]) -> None:
+        for row in rows:
+            failed = Job.objects.get(pk=row.pk)
+            assert (failed.state, failed.failure_reason) == (State.FAILED, FailureReason.LOST)
+            following = Job.objects.filter(result_id=row.result_id, attempt=row.attempt + 1)
+            self.record_failure(row, following.first())
+
+    @precondition(lambda self: self.in_state(State.FAILED))
+    @rule(data=st.data())
+    def retry(self, data: st.DataObject) -> None:
+        row = data.draw(st.sampled_from(self.in_state(State.FAILED)))
+        job = Job.objects.get(pk=row.pk)
+        if self.live_attempt(row.result_id) or self.exists(row.result_id, row.attempt + 1):
+            self.must_lose(lambda: Job.objects.retry(job))
+            return
+        self.add(Job.objects.retry(job))
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data())
+    def cancel(self, data: st.DataObject) -> None:
+        row = data.draw(st.sampled_from(sorted(self.rows.values(), key=lambda a: a.pk)))
+        job = Job.objects.get(pk=row.pk)
+        if row.state != State.QUEUED:
+            self.must_lose(lambda: Job.objects.cancel(job))
+            return
+        Job.objects.cancel(job)
+        del self.rows[row.pk]
+        self.gone[row.result_id].add(row.attempt)
+
+    @rule(states=st.sampled_from([None, [State.SUCCEEDED], [State.FAILED]]))
+    def prune(self, states: list[str] | None) -> None:
+        allowed = set(TERMINAL_STATES if states is None else states)
+        prunable = {
+            a.pk
+            for a in self.rows.values()
+            if a.state in allowed and not self.live_attempt(a.result_id)
+        }
+        prune_terminal(timedelta(0), states)
+        remaining = set(Job.objects.values_list("pk", flat=True))
+        deleted = set(self.rows) - remaining
+        assert deleted <= prunable, "prune deleted a live attempt or one of a live task"
+        for pk in deleted:
+            row = self.rows.pop(pk)
+            self.gone[row.result_id].add(row.attempt)
+            self.terminal.pop(pk)
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data(), worker=st.sampled_from(WORKERS), how=st.sampled_from(["succeed", "fail"]))
+    def stale_write(self, data: st.DataObject, worker: str, how: str) -> None:
+        """A writer whose view is stale (it believes the row runs for `worker`) must lose."""
+        row = data.draw(st.sampled_from(sorted(self.rows.values(), key=lambda a: a.pk)))
+        if (row.state, row.worker_id) == (State.RUNNING, worker):
+            worker = next(w for w in WORKERS if w != worker)  # owned by someone else
+        stale = Job.objects.get(pk=row.pk)
+        stale.state, stale.worker_id = State.RUNNING, worker
+        if how == "succeed":
+            self.must_lose(lambda: Job.objects.succeed(stale, "late"))
+            self.must_lose(lambda: Job.objects.succeed_many(worker, [(stale, "late")]))
+        else:
+            self.must_lose(lambda: Job.objects.fail(stale, FailureReason.ERROR))
+
+    @precondition(lambda self: self.rows)
+    @rule(data=st.data(), believed=st.sampled_from(sorted(TERMINAL_STATES)))
+    def move_out_of_a_terminal_state(self, data: st.DataObject, believed: State) -> None:
+        """A writer that believes a row terminal is refused before it writes anything."""
+        row = data.draw(st.sampled_from(sorted(self.rows.values(), key=lambda a: a.pk)))
+        stale = Job.objects.get(pk=row.pk)
+        stale.state = believed
+        before = table()
+        with pytest.raises(InvalidTransition):
+            Job.objects.succeed(stale, "again")
+        with pytest.raises(InvalidTransition):
+            Job.objects.fail(stale, FailureReason.ERROR)
+        assert table() == before
+
+    # Invariants
+
+    @invariant()
+    def states_are_the_four(self) -> None:
+        assert not Job.objects.exclude(state__in=State.values).exists()
+
+    @invariant()
+    def at_most_one_live_attempt_per_task(self) -> None:
+        live = Job.objects.live().order_by().values("result_id").annotate(n=Count("id"))
+        assert not live.filter(n__gt=1).exists()
+
+    @invariant()
+    def attempts_are_numbered_without_gaps(self) -> None:
+        numbers: dict[Any, set[int]] = defaultdict(set)
+        for result_id, attempt in Job.objects.values_list("result_id", "attempt"):
+            numbers[result_id].add(attempt)
+        for result_id, present in numbers.items():
+            seen = present | self.gone[result_id]
+            assert seen == set(range(1, max(seen) + 1)), (result_id, present, seen)
+
+    @invariant()
+    def terminal_rows_never_change(self) -> None:
+        rows = table()
+        for pk, row in rows.items():
+            if row["state"] not in TERMINAL_STATES:
+                continue
+            before = self.terminal.setdefault(pk, row)
+            if before["previous_id"] is not None and before["previous_id"] not in rows:
+                before = {**before, "previous_id": None}  # prune unlinks a deleted previous
+            assert row == before, f"terminal row {pk} changed"
+        assert set(self.terminal) <= set(rows), "a terminal row vanished without a prune"
+
+    @invariant()
+    def the_table_is_what_the_model_expects(self) -> None:
+        actual = {pk: (r["state"], r["worker_id"], r["attempt"]) for pk, r in table().items()}
+        expected = {pk: (a.state, a.worker_id, a.attempt) for pk, a in self.rows.items()}
+        assert actual == expected
+        SEEN["steps"] += 1
+        SEEN.update(f"state {state}" for state, _, _ in actual.values())
+        SEEN.update("retried" for _, _, attempt in actual.values() if attempt > 1)
+        SEEN.update("gone" for attempts in self.gone.values() if attempts)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_random_sequences_of_state_writes_keep_every_invariant():
+    SEEN.clear()
+    run_state_machine_as_test(JobMachine, settings=MACHINE_SETTINGS)
+
+    # The runs were not vacuous: they reached every state, retries, prunes and cancels.
+    assert SEEN["steps"] >= 200, SEEN
+    assert all(SEEN[f"state {state}"] for state in State.values), SEEN
+    assert SEEN["retried"], SEEN
+    assert SEEN["gone"], SEEN
