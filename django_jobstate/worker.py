@@ -34,7 +34,7 @@ from django.utils import timezone
 
 from .backend import JobStateBackend, load_task, to_task_result
 from .conf import get_settings
-from .exceptions import LostRace
+from .exceptions import JobTimeout, LostRace
 from .managers import class_path, encode_payload
 from .models import Job
 from .states import FailureReason, State
@@ -66,6 +66,7 @@ class Outcome:
     finished: float
     value: object = None
     error: BaseException | None = None
+    reason: FailureReason = FailureReason.ERROR
 
 
 class Worker:
@@ -203,6 +204,13 @@ class Worker:
         finally:
             self.current = None
         duration = outcome.finished - started
+        if job.timeout is not None and duration > job.timeout:
+            # Returned (or raised) after its deadline, before the watchdog stopped it: a
+            # late watchdog, or the whole process was frozen. Late is a timeout either way.
+            outcome.value, outcome.reason = None, FailureReason.TIMEOUT
+            outcome.error = JobTimeout(
+                f"the attempt ran past its timeout of {job.timeout:g} seconds ({duration:.1f} s)"
+            )
         self._average_duration = (
             duration
             if self._average_duration is None
@@ -267,7 +275,7 @@ class Worker:
         assert error is not None
         Job.objects.fail(
             outcome.job,
-            FailureReason.ERROR,
+            outcome.reason,
             error_class=class_path(error),
             error_message=str(error),
             traceback="".join(traceback.format_exception(error)),

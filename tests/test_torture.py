@@ -230,17 +230,6 @@ def test_a_worker_resumed_after_being_taken_for_lost_starts_none_of_its_failed_a
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: only the watchdog thread enforces a timeout; when the body returns after its "
-        "deadline before the watchdog has failed the attempt (the watchdog was late, or the "
-        "whole process was frozen past the deadline: SIGSTOP, a suspended VM), "
-        "Worker._execute()/_record() (worker.py) record a success for an attempt that ran past "
-        "its timeout. Seen in a SQLite torture run: an `overrun` attempt (timeout 1 s) "
-        "recorded as succeeded after 6.3 s, its worker paused."
-    ),
-)
 def test_an_attempt_that_returns_after_its_timeout_is_not_a_success():
     job = JobFactory(task_path="tests.tasks.returns_after_its_timeout", args=["late"], timeout=0.5)
     (claimed,) = Job.objects.claim("w1")
