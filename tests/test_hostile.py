@@ -151,15 +151,6 @@ def test_a_row_with_deeply_nested_arguments_fails_without_crashing_the_worker():
         pytest.param("lone surrogate \ud800", id="surrogate"),
     ],
 )
-@pytest.mark.xfail(
-    POSTGRES,
-    strict=True,
-    reason=(
-        "BUG (PostgreSQL): encode_payload() accepts text that jsonb refuses (U+0000, a lone "
-        "surrogate); the INSERT then fails with a DataError instead of InvalidPayload, and "
-        "aborts the caller's transaction. SQLite stores such text."
-    ),
-)
 def test_text_is_stored_as_given_or_refused_with_invalid_payload(text):
     with transaction.atomic():
         try:
@@ -194,17 +185,6 @@ def test_a_return_value_past_the_limit_fails_the_attempt_and_the_worker_goes_on(
     assert Job.objects.get(result_id=small.id).return_value == "xxx"
 
 
-@pytest.mark.xfail(
-    POSTGRES,
-    strict=True,
-    reason=(
-        "BUG (PostgreSQL): a return value with U+0000 passes encode_payload(), then "
-        "JobManager.succeed_many() fails with a DataError that Worker._record() does not "
-        "catch (_retrying() retries only OperationalError/InterfaceError): the worker "
-        "process crashes, the attempt stays running until rescued as lost, and every other "
-        "success in the same batch write is lost with it."
-    ),
-)
 @RUNS_A_WORKER
 def test_a_return_value_the_database_cannot_store_fails_only_that_attempt():
     nul = tasks.returns_nul.enqueue()
