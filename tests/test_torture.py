@@ -132,15 +132,6 @@ def test_a_timeout_does_not_fail_the_attempts_claimed_with_it(runjobs):
 
 @pytest.mark.skipif(not POSTGRES, reason="needs a database server to stop and start")
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG: Watchdog._time_out() (watchdog.py) clears worker.current before it fails the "
-        "attempt; when that write meets a database outage, _guarded() swallows the error and "
-        "the timeout is forgotten: the attempt runs on past its timeout (a busy loop runs "
-        "for ever, and its worker keeps heartbeating, so it is never rescued either)."
-    ),
-)
 def test_a_timeout_that_falls_in_a_database_outage_still_stops_the_attempt(
     runjobs, reconnect_after
 ):
