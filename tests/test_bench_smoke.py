@@ -1,0 +1,52 @@
+"""The benchmark still runs: `bench/bench.py --quick` on the database under test.
+
+A smoke test, not a benchmark: it checks the exit status and that the table was printed,
+never a number. bench.py exits non-zero when it cannot run, or when a django-jobstate job
+did not succeed exactly once.
+"""
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+
+def test_bench_quick_runs(tmp_path: Path) -> None:
+    if importlib.util.find_spec("django_tasks_db") is None:
+        if os.environ.get("CI") == "true":
+            pytest.fail("CI must install django-tasks-db (the bench dependency group).")
+        pytest.skip("django-tasks-db is not installed: install the bench dependency group.")
+    db = os.environ.get("JOBSTATE_TEST_DB", "sqlite")
+    if db == "postgres" and not os.environ.get("PGHOST"):
+        pytest.skip('PostgreSQL: PGHOST is not set (eval "$(scripts/pg start)").')
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("DJANGO_SETTINGS_MODULE", None)  # bench.py sets one per runner
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "bench" / "bench.py"),
+            "--quick",
+            "--db",
+            db,
+            "--prefix",
+            f"bench_smoke_{os.getpid()}",  # its own databases on a shared server
+            "--output",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    assert "| figure | django-jobstate | django-tasks-db | ratio |" in proc.stdout
+    assert "| drain 500 no-op jobs, 4 workers (jobs/s) |" in proc.stdout
+    assert (tmp_path / f"bench-{db}.json").exists()
