@@ -7,6 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from django_jobstate.management.arguments import positive_int
 from django_jobstate.models import Job
 from django_jobstate.states import TERMINAL_STATES
 
@@ -25,16 +26,6 @@ def age(text: str) -> timedelta:
     if seconds > MAX_AGE_DAYS * UNIT_SECONDS["d"]:
         raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_AGE_DAYS} days")
     return timedelta(seconds=seconds)
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
 
 
 class Command(BaseCommand):

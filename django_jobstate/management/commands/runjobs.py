@@ -8,35 +8,10 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from django_jobstate.management.arguments import positive_float, positive_int, queue_name
 from django_jobstate.supervisor import Supervisor
 
 logger = logging.getLogger("django_jobstate.worker")
-
-
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
-    return value
-
-
-def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
-    return value
-
-
-def queue_name(text: str) -> str:
-    if not text.strip():
-        raise argparse.ArgumentTypeError("a queue name cannot be empty")
-    return text
 
 
 class Command(BaseCommand):
