@@ -3,7 +3,7 @@
 from datetime import timedelta
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
 from .managers import JobManager, WorkerHeartbeatManager
@@ -23,14 +23,18 @@ class Job(models.Model):
         _("result id"), editable=False, help_text=_("The TaskResult id, shared by every attempt.")
     )
     attempt = models.PositiveIntegerField(_("attempt"), default=1, editable=False)
-    previous = models.OneToOneField(
+    # Not a OneToOneField: its unique index would hold every first attempt's NULL too, and
+    # every write of a row would update it. The partial unique constraint below holds only
+    # the links.
+    previous = models.ForeignKey(
         "self",
         verbose_name=_("previous attempt"),
         null=True,
         blank=True,
         editable=False,
         on_delete=models.SET_NULL,
-        related_name="next_attempt",
+        related_name="+",
+        db_index=False,
     )
     task_path = models.CharField(_("task"), max_length=255, editable=False)
     args = models.JSONField(_("args"), default=list, editable=False)
@@ -100,6 +104,11 @@ class Job(models.Model):
             models.UniqueConstraint(
                 fields=["result_id", "attempt"], name="jobstate_job_one_row_per_attempt"
             ),
+            models.UniqueConstraint(
+                fields=["previous"],
+                condition=Q(previous__isnull=False),
+                name="jobstate_job_one_next_attempt",
+            ),
             # Two workers or two reapers can never both create the next attempt.
             models.UniqueConstraint(
                 fields=["result_id"],
@@ -108,9 +117,13 @@ class Job(models.Model):
             ),
         ]
         indexes = [
-            # The claim's candidates, in the claim's order; only queued rows are in it.
+            # The claim's candidates, in the claim's order; only queued rows are in it. The
+            # order is all ascending (-priority, not priority DESC), so that a claim can
+            # start from a key: JobManager.claim(from_key=...).
             models.Index(
-                fields=["-priority", "run_after", "id"],
+                -F("priority"),
+                F("run_after"),
+                F("id"),
                 condition=Q(state=State.QUEUED),
                 name="jobstate_job_runnable",
             ),
@@ -118,7 +131,15 @@ class Job(models.Model):
                 fields=["worker_id"], condition=Q(state=State.RUNNING), name="jobstate_job_running"
             ),
             # The admin: capped counts per state, and the list filtered by state, newest first.
-            models.Index(fields=["state", "-id"], name="jobstate_job_by_state"),
+            # Partial, one per terminal state, so that a row enters one only when it finishes
+            # (queued and running rows are in the two above): an index on (state, id) would
+            # take a new entry at every write of a row, as PostgreSQL writes a new version.
+            models.Index(
+                fields=["-id"], condition=Q(state=State.SUCCEEDED), name="jobstate_job_succeeded"
+            ),
+            models.Index(
+                fields=["-id"], condition=Q(state=State.FAILED), name="jobstate_job_failed"
+            ),
             # The admin's date navigation (MIN/MAX) and its date ranges.
             models.Index(fields=["enqueued_at"], name="jobstate_job_by_enqueued"),
         ]

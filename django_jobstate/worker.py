@@ -35,7 +35,7 @@ from django.utils import timezone
 from .backend import JobStateBackend, load_task, to_task_result
 from .conf import get_settings
 from .exceptions import JobTimeout, LostRace
-from .managers import class_path, encode_payload
+from .managers import ClaimKey, claim_key, class_path, encode_payload
 from .models import Job
 from .states import FailureReason, State
 from .wakeup import Waiter
@@ -57,6 +57,12 @@ def default_worker_id() -> str:
 BATCH_WINDOW = 0.05
 FLUSH_AFTER = 0.05
 MAX_BATCH = 100
+# While draining a backlog, a worker claims from where its previous batch began, not from
+# the head of the queue, where the index entries of claimed rows pile up until VACUUM
+# (see JobManager.claim). It claims from the head again after RESCAN_AFTER seconds, and
+# whenever the claim from its key finds nothing: a job that claim order puts before that
+# key (a higher priority enqueued meanwhile, a run_after in the past) waits at most that.
+RESCAN_AFTER = 1.0
 
 
 @dataclass
@@ -104,6 +110,8 @@ class Worker:
         self._stopping = threading.Event()
         self._tasks: dict[str, Task] = {}
         self._average_duration: float | None = None
+        self._from_key: ClaimKey | None = None
+        self._rescan_at = 0.0
 
     def stop(self) -> None:
         """Finish the attempts in hand, claim no more."""
@@ -151,13 +159,27 @@ class Worker:
     def _claim(self) -> list[Job]:
         if not connection.in_atomic_block:  # a long-lived worker drops broken connections
             close_old_connections()
+        limit = self._batch_size()
+        if time.monotonic() >= self._rescan_at:
+            self._from_key = None
         try:
-            return Job.objects.claim(self.worker_id, queues=self.queues, limit=self._batch_size())
+            jobs = self._claim_from(self._from_key, limit)
+            if not jobs and self._from_key is not None:  # never idle without a look from the head
+                jobs = self._claim_from(None, limit)
         except DatabaseError:
             logger.exception("Worker %s could not claim jobs; retrying", self.worker_id)
             connection.close()
             self._stopping.wait(self.poll_interval)
             return []
+        # A full batch means a backlog: claim the next one from where this one began.
+        self._from_key = claim_key(jobs[0]) if len(jobs) == limit else None
+        return jobs
+
+    def _claim_from(self, from_key: ClaimKey | None, limit: int) -> list[Job]:
+        jobs = Job.objects.claim(self.worker_id, queues=self.queues, limit=limit, from_key=from_key)
+        if from_key is None:
+            self._rescan_at = time.monotonic() + RESCAN_AFTER
+        return jobs
 
     def _run_batch(self, jobs: list[Job]) -> None:
         """Run every claimed job (they are in hand: a stop request waits for them)."""
@@ -231,7 +253,7 @@ class Worker:
             value = task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
         else:
             value = task.call(*job.args, **job.kwargs)
-        return encode_payload(value, "The task's return value")
+        return encode_payload(value, "The task's return value")[0]
 
     def _load_task(self, path: str) -> Task:
         if path not in self._tasks:

@@ -1,6 +1,7 @@
 """A racing process for the race tests, started several times at once.
 
     python -m tests.racer claim WORKER_ID LIMIT START_AT   # claim until nothing is left
+                                                           # (from a key, as workers do)
     python -m tests.racer rescue START_AT                  # fail lost workers' attempts
 
 It waits until the wall-clock time START_AT, so that all racers start together, then
@@ -17,6 +18,7 @@ import django
 def main() -> None:
     action, *args = sys.argv[1:]
     django.setup()
+    from django_jobstate.managers import claim_key
     from django_jobstate.models import Job
 
     Job.objects.exists()  # connect before the start line
@@ -24,8 +26,12 @@ def main() -> None:
     if action == "claim":
         worker_id, limit = args[0], int(args[1])
         won: list[int] = []
-        while batch := Job.objects.claim(worker_id, limit=limit):
+        key = None  # like Worker._claim(): from the previous full batch's first key
+        while batch := Job.objects.claim(worker_id, limit=limit, from_key=key) or (
+            key and Job.objects.claim(worker_id, limit=limit)
+        ):
             won.extend(job.pk for job in batch)
+            key = claim_key(batch[0]) if len(batch) == limit else None
         print(json.dumps(won))
     elif action == "rescue":
         print(json.dumps(Job.objects.rescue_lost(lost_after=60)))

@@ -147,12 +147,17 @@ class JobMachine(RuleBasedStateMachine):
         )
         self.add(job)
 
-    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 3))
-    def claim(self, worker: str, limit: int) -> None:
+    @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 3), data=st.data())
+    def claim(self, worker: str, limit: int, data: st.DataObject) -> None:
+        def key(a: Any) -> tuple[int, datetime, int]:
+            return (-a.priority, a.run_after, a.pk)
+
+        # From the head, or from the key of any row, as a worker draining a backlog does.
+        from_key = data.draw(st.sampled_from([None, *sorted(map(key, self.rows.values()))]))
         now = timezone.now()
         due = [a for a in self.in_state(State.QUEUED) if a.run_after <= now]
-        due.sort(key=lambda a: (-a.priority, a.run_after, a.pk))
-        won = Job.objects.claim(worker, limit=limit)
+        due = sorted((a for a in due if from_key is None or key(a) >= from_key), key=key)
+        won = Job.objects.claim(worker, limit=limit, from_key=from_key)
         assert [job.pk for job in won] == [a.pk for a in due[:limit]]
         for job in won:
             assert (job.state, job.worker_id) == (State.RUNNING, worker)

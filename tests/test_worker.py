@@ -292,3 +292,27 @@ def test_a_batch_skips_attempts_failed_while_the_worker_was_not_heard_from(setti
         State.FAILED,
         State.FAILED,
     ]
+
+
+def test_while_draining_a_backlog_a_worker_claims_from_its_last_batch(monkeypatch):
+    """...and from the head again when nothing is left after its key, or after RESCAN_AFTER."""
+
+    def job(label, priority=0):
+        return JobFactory(task_path="tests.tasks.record", args=[label], priority=priority)
+
+    monkeypatch.setattr("django_jobstate.worker.RESCAN_AFTER", 3600)
+    old = [job(f"old{n}") for n in range(3)]
+    worker = Worker(worker_id="w")  # its first batches take one job each
+    assert worker._claim() == old[:1]
+    urgent = job("urgent", priority=10)
+    assert worker._claim() == old[1:2], "claimed from the head, not from its key"
+    assert worker._claim() == old[2:3]
+    assert worker._claim() == [urgent], "nothing after its key, yet it did not look at the head"
+
+    monkeypatch.setattr("django_jobstate.worker.RESCAN_AFTER", 0)
+    later = job("later")
+    worker = Worker(worker_id="w2")
+    assert worker._claim() == [later]
+    urgent = job("urgent", priority=10)
+    job("last")
+    assert worker._claim() == [urgent], "not claimed from the head after RESCAN_AFTER"
