@@ -19,6 +19,7 @@ import importlib.util
 import json
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
@@ -315,6 +316,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Killed (scripts/bench's trap, a CI timeout): unwind, so that workers and databases go.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     sizes = QUICK if args.quick else FULL
     for field, value in [
         ("drain", args.n),

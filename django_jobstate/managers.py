@@ -7,6 +7,7 @@ LostRace.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import random
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.fields import NOT_PROVIDED
 from django.db.models.functions import Now
 from django.utils import timezone
 
@@ -24,6 +26,7 @@ from .conf import get_settings
 from .exceptions import InvalidPayload, LostRace, WorkerLost
 from .querysets import JobQuerySet
 from .states import TERMINAL_STATES, FailureReason, State, check_transition
+from .wakeup import NOTIFY
 
 if TYPE_CHECKING:
     from .models import Job, WorkerHeartbeat
@@ -173,8 +176,10 @@ class JobManager(_JobManagerBase["Job"]):
         for result_id, args, _, kwargs, _ in rows:
             values[at[0]], values[at[1]], values[at[2]] = result_id, args, kwargs
             jobs.append(self.model.from_db(db, fields, values))
-        with transaction.atomic(using=db):
-            for start in range(0, len(rows), ENQUEUE_CHUNK):
+        # One statement is atomic on its own; a transaction would cost two round trips.
+        chunks = range(0, len(rows), ENQUEUE_CHUNK)
+        with transaction.atomic(using=db) if len(chunks) > 1 else contextlib.nullcontext():
+            for start in chunks:
                 chunk = rows[start : start + ENQUEUE_CHUNK]
                 ids = self._insert(db, template, chunk)
                 for job in jobs[start : start + ENQUEUE_CHUNK]:
@@ -184,33 +189,63 @@ class JobManager(_JobManagerBase["Job"]):
     def _insert(
         self, db: str, template: Job, rows: list[tuple[uuid.UUID, Any, str, Any, str]]
     ) -> dict[str, int]:
-        """INSERT `rows` (result_id, args, args JSON, kwargs, kwargs JSON) like `template`."""
+        """INSERT `rows` (result_id, args, args JSON, kwargs, kwargs JSON) like `template`.
+
+        Returns {result_id hex: id}. One row is a plain INSERT ... VALUES, which PostgreSQL
+        plans faster; several are selected from one JSON array of [result_id, args, kwargs].
+        """
         connection = connections[db]
         qn = connection.ops.quote_name
-        if connection.vendor == "postgresql":
-            source = "jsonb_array_elements(%s::jsonb) AS call(value)"
-            per_call = ["(value ->> 0)::uuid", "value -> 1", "value -> 2"]
+        per_call: dict[str, tuple[str, list[Any]]]
+        if len(rows) == 1:
+            [(result_id, _, args, _, kwargs)] = rows
+            values = [result_id.hex, args, kwargs]
+            per_call = {
+                name: ("%s", [value]) for name, value in zip(_PER_CALL, values, strict=True)
+            }
+            source, source_params = "", []
         else:
-            source = "json_each(%s) AS call"
-            per_call = [f"json_extract(value, '$[{i}]')" for i in range(3)]
-        columns, exprs, params = [], [], []
-        for field in self.model._meta.concrete_fields[1:]:  # all but the id
-            columns.append(qn(str(field.column)))
-            if field.attname in _PER_CALL:
-                exprs.append(per_call[_PER_CALL.index(field.attname)])
+            calls = ",".join(f'["{r.hex}",{args},{kwargs}]' for r, _, args, _, kwargs in rows)
+            source_params = [f"[{calls}]"]
+            if connection.vendor == "postgresql":
+                exprs = ["(value ->> 0)::uuid", "value -> 1", "value -> 2"]
+                source = "FROM jsonb_array_elements(%s::jsonb) AS call(value)"
             else:
-                exprs.append("%s")
-                params.append(field.get_db_prep_save(getattr(template, field.attname), connection))
-        calls = ",".join(f'["{r.hex}",{args},{kwargs}]' for r, _, args, _, kwargs in rows)
+                exprs = [f"json_extract(value, '$[{i}]')" for i in range(3)]
+                source = "FROM json_each(%s) AS call"
+            per_call = {name: (expr, []) for name, expr in zip(_PER_CALL, exprs, strict=True)}
+        columns, selected, params = [], [], []
+        for field in self.model._meta.concrete_fields:
+            value = getattr(template, field.attname)
+            if field.attname in per_call:
+                expr, expr_params = per_call[field.attname]
+            elif value is None or (
+                field.db_default is not NOT_PROVIDED and value == field.db_default
+            ):
+                continue  # the id, the columns that start as NULL, and the database's defaults
+            else:
+                expr, expr_params = "%s", [field.get_db_prep_save(value, connection)]
+            columns.append(qn(str(field.column)))
+            selected.append(expr)
+            params += expr_params
+        row = (
+            f"SELECT {', '.join(selected)} {source}"
+            if source
+            else f"VALUES ({', '.join(selected)})"
+        )
+        returning = f"{qn('id')}, {qn('result_id')}"
+        if connection.vendor == "postgresql":
+            # Wake listening workers when this commits (wakeup.py). Per row, but PostgreSQL
+            # sends one notification per transaction for identical ones.
+            returning += f", {NOTIFY}"
         sql = (
-            f"INSERT INTO {qn(self.model._meta.db_table)} ({', '.join(columns)}) "
-            f"SELECT {', '.join(exprs)} FROM {source} "
-            f"RETURNING {qn('id')}, {qn('result_id')}"
+            f"INSERT INTO {qn(self.model._meta.db_table)} ({', '.join(columns)}) {row} "
+            f"RETURNING {returning}"
         )
         with connection.cursor() as cursor:
-            cursor.execute(sql, [*params, f"[{calls}]"])
+            cursor.execute(sql, [*params, *source_params])
             # result_id reads back as a UUID on PostgreSQL, as its hex on SQLite.
-            return {getattr(r, "hex", r): pk for pk, r in cursor.fetchall()}
+            return {getattr(r, "hex", r): pk for pk, r, *_ in cursor.fetchall()}
 
     def claim(
         self,
@@ -260,6 +295,10 @@ class JobManager(_JobManagerBase["Job"]):
         )
         # The candidates are picked once, in a materialized CTE: as a plain IN (subquery),
         # PostgreSQL may rescan the subquery while updating and claim more than `limit`.
+        # The update finds them by id: its state fence is written `state || ''` so that no
+        # partial index on the state can serve it. Otherwise, after an ANALYZE that saw an
+        # empty queue, PostgreSQL drives the update from the runnable index and compares
+        # every queued row with every picked one (61 ms instead of 5 for 100 of 5,000).
         sql = f"""
             WITH picked AS MATERIALIZED (
                 SELECT {qn("id")} FROM {table}
@@ -270,7 +309,7 @@ class JobManager(_JobManagerBase["Job"]):
             UPDATE {table}
             SET {qn("state")} = %s, {qn("worker_id")} = %s, {qn("started_at")} = {now}
             FROM picked
-            WHERE {table}.{qn("id")} = picked.{qn("id")} AND {table}.{qn("state")} = %s
+            WHERE {table}.{qn("id")} = picked.{qn("id")} AND {table}.{qn("state")} || '' = %s
             RETURNING {columns}
         """
         params = [State.QUEUED, *now_params, *where_params, limit]
@@ -343,9 +382,11 @@ class JobManager(_JobManagerBase["Job"]):
         if job.state != State.FAILED:
             raise LostRace(f"Only a failed attempt can be retried; job {job.pk} is {job.state}.")
         now = timezone.now()
+        db = job._state.db or router.db_for_write(self.model)
+        connection = connections[db]
         try:
-            with transaction.atomic(using=job._state.db):
-                return self.create(
+            with transaction.atomic(using=db):
+                next_attempt = self.create(
                     result_id=job.result_id,
                     attempt=job.attempt + 1,
                     previous=job,
@@ -361,6 +402,10 @@ class JobManager(_JobManagerBase["Job"]):
                     backoff=job.backoff,
                     timeout=job.timeout,
                 )
+                if connection.vendor == "postgresql" and next_attempt.run_after <= now:
+                    with connection.cursor() as cursor:  # due at once: wake a worker
+                        cursor.execute(f"SELECT {NOTIFY}")
+                return next_attempt
         except IntegrityError:
             raise LostRace(
                 f"Job {job.pk} already has a next attempt (or a live one): "

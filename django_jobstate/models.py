@@ -19,10 +19,14 @@ class Job(models.Model):
     State = State
     FailureReason = FailureReason
 
+    # A db_default beside a default: the database fills the column in, so an enqueue's
+    # INSERT sends only the values that differ from it (JobManager._insert).
     result_id = models.UUIDField(
         _("result id"), editable=False, help_text=_("The TaskResult id, shared by every attempt.")
     )
-    attempt = models.PositiveIntegerField(_("attempt"), default=1, editable=False)
+    # Not Positive*Field: their own CHECK (>= 0) would repeat jobstate_job_attempt's (>= 1), and
+    # PostgreSQL compiles every CHECK of the table for each INSERT statement.
+    attempt = models.IntegerField(_("attempt"), default=1, db_default=1, editable=False)
     # Not a OneToOneField: its unique index would hold every first attempt's NULL too, and
     # every write of a row would update it. The partial unique constraint below holds only
     # the links.
@@ -39,15 +43,24 @@ class Job(models.Model):
     task_path = models.CharField(_("task"), max_length=255, editable=False)
     args = models.JSONField(_("args"), default=list, editable=False)
     kwargs = models.JSONField(_("kwargs"), default=dict, editable=False)
-    backend = models.CharField(_("backend alias"), max_length=100, default="default")
-    queue_name = models.CharField(_("queue"), max_length=100, default="default")
-    priority = models.SmallIntegerField(_("priority"), default=0)
+    backend = models.CharField(
+        _("backend alias"), max_length=100, default="default", db_default="default"
+    )
+    queue_name = models.CharField(
+        _("queue"), max_length=100, default="default", db_default="default"
+    )
+    priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
     run_after = models.DateTimeField(_("run after"))
-    max_attempts = models.PositiveSmallIntegerField(_("max attempts"), default=1)
-    backoff = models.FloatField(_("backoff (s)"), default=0)
+    max_attempts = models.SmallIntegerField(_("max attempts"), default=1, db_default=1)
+    backoff = models.FloatField(_("backoff (s)"), default=0, db_default=0)
     timeout = models.FloatField(_("timeout (s)"), null=True, blank=True)
     state = models.CharField(
-        _("state"), max_length=16, choices=State.choices, default=State.QUEUED, editable=False
+        _("state"),
+        max_length=16,
+        choices=State.choices,
+        default=State.QUEUED,
+        db_default=State.QUEUED,
+        editable=False,
     )
     enqueued_at = models.DateTimeField(_("enqueued at"), editable=False)
     started_at = models.DateTimeField(_("started at"), null=True, blank=True, editable=False)
@@ -58,11 +71,18 @@ class Job(models.Model):
     )
     return_value = models.JSONField(_("return value"), null=True, blank=True, editable=False)
     failure_reason = models.CharField(
-        _("failure reason"), max_length=16, choices=FailureReason.choices, blank=True, default=""
+        _("failure reason"),
+        max_length=16,
+        choices=FailureReason.choices,
+        blank=True,
+        default="",
+        db_default="",
     )
-    error_class = models.CharField(_("error class"), max_length=255, blank=True, default="")
-    error_message = models.TextField(_("error message"), blank=True, default="")
-    traceback = models.TextField(_("traceback"), blank=True, default="")
+    error_class = models.CharField(
+        _("error class"), max_length=255, blank=True, default="", db_default=""
+    )
+    error_message = models.TextField(_("error message"), blank=True, default="", db_default="")
+    traceback = models.TextField(_("traceback"), blank=True, default="", db_default="")
 
     objects = JobManager()
 

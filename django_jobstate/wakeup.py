@@ -1,8 +1,10 @@
 """Wake idle workers when a job is enqueued: LISTEN/NOTIFY on PostgreSQL, polling elsewhere.
 
-The notification comes from a trigger on the job table (migration 0002). It is only a
-hint to claim now; a worker that misses one still finds the job at its next poll, so
-nothing depends on delivery.
+The notification is sent by the INSERT of enqueue (JobManager._insert) and by a retry
+due at once, when their transaction commits. It is only a hint to claim now; a worker
+that misses one (say, for a row inserted behind the app's back) still finds the job at
+its next poll, so nothing depends on delivery. (Until migration 0003 a trigger on the
+table sent it: the trigger cost about 6% of a single enqueue on PostgreSQL.)
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from django.db import connections
 
 logger = logging.getLogger("django_jobstate.worker")
 
-CHANNEL = "django_jobstate"  # also in migration 0002
+CHANNEL = "django_jobstate"
+# The SQL expression that wakes listening workers, once the transaction commits.
+NOTIFY = f"pg_notify('{CHANNEL}', '')"
 
 
 class Waiter:

@@ -1,10 +1,11 @@
 """The conditional writes: each move is checked, and a write that lost the race changes nothing."""
 
+import contextlib
 import itertools
 from datetime import timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -12,6 +13,7 @@ from django_jobstate.exceptions import LostRace
 from django_jobstate.managers import claim_key
 from django_jobstate.models import Job
 from django_jobstate.states import TRANSITIONS, FailureReason, InvalidTransition, State
+from django_jobstate.wakeup import CHANNEL
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -176,3 +178,65 @@ def test_a_claim_from_a_key_does_not_walk_the_index_entries_of_claimed_rows():
 
     assert index_pages(from_key=claim_key(claimed[-1])) < 10
     assert index_pages() > 50  # the test's premise: 20,000 dead entries take ~100 pages
+
+
+def test_enqueue_sends_only_what_differs_from_the_database_defaults():
+    with CaptureQueriesContext(connection) as queries:
+        plain = Job.objects.enqueue("tests.tasks.record", ["x"])
+    [insert] = [q["sql"] for q in queries if "INSERT" in q["sql"]]
+    assert "traceback" not in insert
+    assert "priority" not in insert
+    other = Job.objects.enqueue(
+        "tests.tasks.record", [], {"a": 1}, priority=5, queue_name="q", max_attempts=3, backoff=2
+    )
+
+    rows = Job.objects.in_bulk([plain.pk, other.pk])
+    for job in (plain, other):
+        row = rows[job.pk]
+        for field in Job._meta.concrete_fields:
+            assert getattr(row, field.attname) == getattr(job, field.attname), field.name
+    assert (rows[plain.pk].state, rows[plain.pk].attempt, rows[plain.pk].priority) == (
+        "queued",
+        1,
+        0,
+    )
+    assert (rows[other.pk].priority, rows[other.pk].queue_name, rows[other.pk].backoff) == (
+        5,
+        "q",
+        2,
+    )
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="LISTEN/NOTIFY is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("write", "wakes"),
+    [
+        ("enqueue", True),
+        ("enqueue_many", True),
+        ("enqueue, rolled back", False),
+        ("retry due now", True),
+        ("retry due later", False),
+    ],
+)
+def test_writes_that_make_a_job_runnable_now_wake_listening_workers(write, wakes):
+    failed = JobFactory.in_state(State.FAILED, max_attempts=2)
+    listener = connection.get_new_connection(connection.get_connection_params())
+    listener.autocommit = True
+    listener.execute(f'LISTEN "{CHANNEL}"')
+    try:
+        if write == "enqueue":
+            Job.objects.enqueue("tests.tasks.record", ["x"])
+        elif write == "enqueue_many":
+            Job.objects.enqueue_many("tests.tasks.record", [(["x"], {})] * 3)
+        elif write == "enqueue, rolled back":
+            with contextlib.suppress(ZeroDivisionError), transaction.atomic():
+                Job.objects.enqueue("tests.tasks.record", ["x"])
+                1 / 0  # noqa: B018
+        else:
+            later = timezone.now() + timedelta(minutes=1) if write.endswith("later") else None
+            Job.objects.retry(failed, run_after=later)
+        woken = list(listener.notifies(timeout=1, stop_after=1))
+    finally:
+        listener.close()
+    assert bool(woken) is wakes
