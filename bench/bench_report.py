@@ -69,7 +69,7 @@ def rows(sizes: Any) -> list[tuple[str, str, Getter, str]]:
         out.append(
             (
                 "history",
-                f"drain {n:,}, {hw} workers, {what} (jobs/s)",
+                f"drain {sizes.history_drain:,}, {hw} workers, {what} (jobs/s)",
                 lambda r, k=key: r[k]["rate"],
                 f"history:{key}",
             )

@@ -10,7 +10,9 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import os
 import random
+import time
 import uuid
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
@@ -80,6 +82,20 @@ def _unstorable(value: Any) -> str | None:
     return None
 
 
+def uuid7() -> uuid.UUID:
+    """A time-ordered UUID (RFC 9562, version 7), for result ids.
+
+    With random (version 4) ids, every enqueue writes the result_id indexes at a random
+    page: on a table of millions of rows, a page that is rarely in memory (the benchmark
+    read ~6,500 index pages per 5,000-job drain for it). Time-ordered ids are written at
+    the indexes' right edge, like serial ids.
+    """
+    ms = time.time_ns() // 1_000_000
+    rand = int.from_bytes(os.urandom(10))  # 74 of these 80 bits are used
+    value = (ms & (1 << 48) - 1) << 80 | 0x7 << 76 | (rand >> 62 & 0xFFF) << 64
+    return uuid.UUID(int=value | 0b10 << 62 | rand & (1 << 62) - 1)
+
+
 def backoff_delay(backoff: float, attempt: int) -> float:
     """Seconds to wait before attempt `attempt + 1`: exponential, jittered, capped."""
     cap = get_settings().MAX_BACKOFF
@@ -144,8 +160,8 @@ class JobManager(_JobManagerBase["Job"]):
         One INSERT ... SELECT per ENQUEUE_CHUNK calls, whose rows differ only in result_id,
         args and kwargs: they travel as one JSON parameter, the rest as one parameter each
         (the ORM's INSERT would compile and adapt every field of every row, which the
-        profile showed was most of an enqueue's time). On PostgreSQL, a trigger on the
-        table wakes listening workers (migration 0002).
+        profile showed was most of an enqueue's time). On PostgreSQL, the INSERT also
+        wakes listening workers (wakeup.py).
         """
         now = timezone.now()
         template = self.model(
@@ -161,7 +177,7 @@ class JobManager(_JobManagerBase["Job"]):
         )
         rows = [
             (
-                uuid.uuid4(),
+                uuid7(),
                 *encode_payload(list(args), "Task arguments"),
                 *encode_payload(dict(kwargs), "Task keyword arguments"),
             )

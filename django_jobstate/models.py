@@ -129,10 +129,14 @@ class Job(models.Model):
                 condition=Q(previous__isnull=False),
                 name="jobstate_job_one_next_attempt",
             ),
-            # Two workers or two reapers can never both create the next attempt.
+            # Two workers or two reapers can never both create the next attempt. "Live" is
+            # said as "not finished", which the state constraints above make the same as
+            # queued or running: a condition on the state would let PostgreSQL serve the
+            # claim's candidates from this index, in the wrong order, and sort them all,
+            # whenever its statistics said that few rows are queued (17 ms per claim, not 1).
             models.UniqueConstraint(
                 fields=["result_id"],
-                condition=Q(state__in=sorted(LIVE_STATES)),
+                condition=Q(finished_at__isnull=True),
                 name="jobstate_job_one_live_attempt",
             ),
         ]

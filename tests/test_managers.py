@@ -2,6 +2,7 @@
 
 import contextlib
 import itertools
+import time
 from datetime import timedelta
 
 import pytest
@@ -240,3 +241,13 @@ def test_writes_that_make_a_job_runnable_now_wake_listening_workers(write, wakes
     finally:
         listener.close()
     assert bool(woken) is wakes
+
+
+def test_result_ids_are_time_ordered_uuids():
+    first = Job.objects.enqueue("tests.tasks.record", ["x"])
+    time.sleep(0.002)  # the order is by millisecond
+    later = Job.objects.enqueue_many("tests.tasks.record", [(["y"], {})] * 50)
+
+    assert {job.result_id.version for job in [first, *later]} == {7}
+    assert all(first.result_id < job.result_id for job in later)
+    assert len({job.result_id for job in later}) == 50

@@ -8,7 +8,6 @@ import django.db.models.deletion
 import django.db.models.expressions
 from django.db import migrations, models
 
-
 CHANNEL = "django_jobstate"  # django_jobstate.wakeup.CHANNEL, frozen for this migration
 
 
@@ -46,6 +45,10 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunPython(drop_trigger, create_trigger),
+        migrations.RemoveConstraint(
+            model_name="job",
+            name="jobstate_job_one_live_attempt",
+        ),
         migrations.RemoveIndex(
             model_name="job",
             name="jobstate_job_runnable",
@@ -192,6 +195,14 @@ class Migration(migrations.Migration):
                 condition=models.Q(("previous__isnull", False)),
                 fields=("previous",),
                 name="jobstate_job_one_next_attempt",
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="job",
+            constraint=models.UniqueConstraint(
+                condition=models.Q(("finished_at__isnull", True)),
+                fields=("result_id",),
+                name="jobstate_job_one_live_attempt",
             ),
         ),
     ]
