@@ -121,6 +121,8 @@ class Rows:
                 # measure a table that holds them, not their settling running beside them.
                 cursor.execute(f"SELECT COUNT(*) FROM {table}")
                 cursor.execute("CHECKPOINT")
+            else:  # the same for SQLite: the changed pages out of the WAL, into the file
+                cursor.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
     def retire(self) -> int:
         self.jobs().exclude(self.terminal_q).delete()

@@ -25,61 +25,20 @@ from django.db.models.functions import Now
 from django.utils import timezone
 
 from .conf import get_settings
-from .exceptions import InvalidPayload, LostRace, WorkerLost
+from .exceptions import LostRace, WorkerLost
+from .payload import encode_payload
 from .querysets import JobQuerySet
 from .states import TERMINAL_STATES, FailureReason, State, check_transition
 from .wakeup import NOTIFY
 
 if TYPE_CHECKING:
-    from .models import Job, WorkerHeartbeat
+    from .models import Job
 
 logger = logging.getLogger("django_jobstate")
 
 
 def class_path(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
-
-
-MAX_PAYLOAD_DEPTH = 100
-
-
-def encode_payload(value: Any, what: str) -> tuple[Any, str]:
-    """Return `value` as it will read back from JSON, and its JSON; or raise InvalidPayload."""
-    try:
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
-        size = len(text.encode())  # lone surrogates cannot be stored as text
-    except (TypeError, ValueError, RecursionError) as exc:
-        raise InvalidPayload(
-            f"{what} must be JSON: {exc}. Use str, int, float, bool, None, and lists and "
-            f"dicts of them (pass a datetime as an ISO string, a model instance by its pk)."
-        ) from None
-    limit = get_settings().MAX_PAYLOAD_BYTES
-    if size > limit:
-        raise InvalidPayload(
-            f"{what} take {size:,} bytes as JSON, more than "
-            f"JOBSTATE_MAX_PAYLOAD_BYTES ({limit:,}). Store large data elsewhere and pass its key."
-        )
-    decoded = json.loads(text)
-    # Only a text with an escaped NUL, or with enough brackets to be that deep, needs a look.
-    suspect = "\\u0000" in text or text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH
-    if suspect and (problem := _unstorable(decoded)):
-        raise InvalidPayload(f"{what} {problem}.")
-    return decoded, text
-
-
-def _unstorable(value: Any) -> str | None:
-    """Say why PostgreSQL could not store `value` as jsonb (iteratively: it may be deep)."""
-    stack = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, str) and "\x00" in item:
-            return "contain a NUL character, which PostgreSQL cannot store"
-        if isinstance(item, dict | list):
-            if depth > MAX_PAYLOAD_DEPTH:
-                return f"are nested more than {MAX_PAYLOAD_DEPTH} levels deep"
-            children = [*item, *item.values()] if isinstance(item, dict) else item
-            stack.extend((child, depth + 1) for child in children)
-    return None
 
 
 def uuid7() -> uuid.UUID:
@@ -542,41 +501,3 @@ class JobManager(_JobManagerBase["Job"]):
                 self.using(db).filter(previous__in=doomed).update(previous=None)
                 _, per_model = doomed.only("pk").delete()
             deleted += per_model.get(self.model._meta.label, 0)
-
-
-class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
-    def beat(self, worker_id: str, *, host: str, pid: int, queues: list[str] | None) -> None:
-        """Say that `worker_id` is alive now (registering it if it is new or was reaped)."""
-        if not self.filter(worker_id=worker_id).update(last_seen=Now()):
-            # One INSERT ... ON CONFLICT, not a read then a write: SQLite would refuse that
-            # transaction at once ("database is locked") while another process writes.
-            now = timezone.now()
-            self.bulk_create(
-                [
-                    self.model(
-                        worker_id=worker_id,
-                        host=host,
-                        pid=pid,
-                        queues=queues,
-                        started_at=now,
-                        last_seen=now,
-                    )
-                ],
-                update_conflicts=True,
-                unique_fields=["worker_id"],
-                update_fields=["last_seen"],
-            )
-            # Lost workers are judged by the database clock, whatever this process's says.
-            self.filter(worker_id=worker_id).update(started_at=Now(), last_seen=Now())
-
-    def forget(self, worker_id: str) -> None:
-        """Remove a worker that stopped cleanly."""
-        self.filter(worker_id=worker_id).delete()
-
-    def forget_lost(self, lost_after: float) -> None:
-        """Remove silent workers that no longer own a running attempt."""
-        from .models import Job
-
-        cutoff = Now() - timedelta(seconds=lost_after)
-        busy = Job.objects.running().values("worker_id")
-        self.filter(last_seen__lt=cutoff).exclude(worker_id__in=busy).delete()

@@ -6,7 +6,8 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
-from .managers import JobManager, WorkerHeartbeatManager
+from .heartbeats import WorkerHeartbeatManager
+from .managers import JobManager
 from .states import LIVE_STATES, FailureReason, State
 
 _STARTED = Q(started_at__isnull=False, worker_id__isnull=False)

@@ -35,8 +35,9 @@ from django.utils import timezone
 from .backend import JobStateBackend, load_task, to_task_result
 from .conf import get_settings
 from .exceptions import JobTimeout, LostRace
-from .managers import ClaimKey, claim_key, class_path, encode_payload
+from .managers import ClaimKey, claim_key, class_path
 from .models import Job
+from .payload import encode_payload
 from .states import FailureReason, State
 from .wakeup import Waiter
 from .watchdog import Watchdog

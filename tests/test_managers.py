@@ -153,6 +153,20 @@ def test_cancel_deletes_only_while_queued():
     assert Job.objects.filter(pk=running.pk, state=State.RUNNING).exists()
 
 
+def explained_claim(**claim) -> list[dict]:
+    """Claim one job; return the nodes of its plan, as EXPLAIN ANALYZE ran it again."""
+    with CaptureQueriesContext(connection) as queries:
+        assert len(Job.objects.claim("w", **claim)) == 1
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {queries[0]['sql']}")
+        [[plan]] = cursor.fetchone()
+    nodes, found = [plan["Plan"]], []
+    while nodes:
+        found.append(node := nodes.pop())
+        nodes.extend(node.get("Plans", []))
+    return found
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's dead index entries")
 def test_a_claim_from_a_key_does_not_walk_the_index_entries_of_claimed_rows():
     """Until VACUUM, the runnable index keeps an entry for every row claimed since; they
@@ -164,21 +178,37 @@ def test_a_claim_from_a_key_does_not_walk_the_index_entries_of_claimed_rows():
     JobFactory.create_batch(3)
 
     def index_pages(**claim):
-        with CaptureQueriesContext(connection) as queries:
-            assert len(Job.objects.claim("w", **claim)) == 1
-        with connection.cursor() as cursor:
-            cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {queries[0]['sql']}")
-            [[plan]] = cursor.fetchone()
-        nodes, pages = [plan["Plan"]], 0
-        while nodes:
-            node = nodes.pop()
-            nodes.extend(node.get("Plans", []))
-            if node.get("Index Name") == "jobstate_job_runnable":
-                pages += node["Shared Hit Blocks"] + node["Shared Read Blocks"]
-        return pages
+        return sum(
+            node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+            for node in explained_claim(**claim)
+            if node.get("Index Name") == "jobstate_job_runnable"
+        )
 
     assert index_pages(from_key=claim_key(claimed[-1])) < 10
     assert index_pages() > 50  # the test's premise: 20,000 dead entries take ~100 pages
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's planner")
+def test_statistics_taken_on_an_empty_queue_do_not_mislead_the_claim():
+    """ANALYZE while nothing is queued; then a backlog: the candidates must still come from
+    the runnable index, in order, and the update must find each by its id."""
+    Job.objects.enqueue_many("tests.tasks.record", [(("x",), {})] * 2_000)
+    while batch := Job.objects.claim("w", limit=1000):
+        Job.objects.succeed_many("w", [(job, None) for job in batch])
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+    Job.objects.enqueue_many("tests.tasks.record", [(("x",), {})] * 5_000)
+
+    scans = {
+        (node["Node Type"], node.get("Index Name"), node.get("Alias"))
+        for node in explained_claim(limit=1)
+        if "Scan" in node["Node Type"] and node["Node Type"] != "CTE Scan"
+    }
+    table = Job._meta.db_table
+    assert scans == {
+        ("Index Scan", "jobstate_job_runnable", f"{table}_1"),  # the candidates
+        ("Index Scan", f"{table}_pkey", table),  # the update
+    }
 
 
 def test_enqueue_sends_only_what_differs_from_the_database_defaults():

@@ -1,0 +1,51 @@
+"""WorkerHeartbeat rows: how workers say they are alive, and how silent ones are forgotten."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+from django.db import models
+from django.db.models.functions import Now
+from django.utils import timezone
+
+if TYPE_CHECKING:
+    from .models import WorkerHeartbeat
+
+
+class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
+    def beat(self, worker_id: str, *, host: str, pid: int, queues: list[str] | None) -> None:
+        """Say that `worker_id` is alive now (registering it if it is new or was reaped)."""
+        if not self.filter(worker_id=worker_id).update(last_seen=Now()):
+            # One INSERT ... ON CONFLICT, not a read then a write: SQLite would refuse that
+            # transaction at once ("database is locked") while another process writes.
+            now = timezone.now()
+            self.bulk_create(
+                [
+                    self.model(
+                        worker_id=worker_id,
+                        host=host,
+                        pid=pid,
+                        queues=queues,
+                        started_at=now,
+                        last_seen=now,
+                    )
+                ],
+                update_conflicts=True,
+                unique_fields=["worker_id"],
+                update_fields=["last_seen"],
+            )
+            # Lost workers are judged by the database clock, whatever this process's says.
+            self.filter(worker_id=worker_id).update(started_at=Now(), last_seen=Now())
+
+    def forget(self, worker_id: str) -> None:
+        """Remove a worker that stopped cleanly."""
+        self.filter(worker_id=worker_id).delete()
+
+    def forget_lost(self, lost_after: float) -> None:
+        """Remove silent workers that no longer own a running attempt."""
+        from .models import Job
+
+        cutoff = Now() - timedelta(seconds=lost_after)
+        busy = Job.objects.running().values("worker_id")
+        self.filter(last_seen__lt=cutoff).exclude(worker_id__in=busy).delete()

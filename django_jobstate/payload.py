@@ -1,0 +1,50 @@
+"""JSON payloads: a task's arguments and its return value, checked before they are stored."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .conf import get_settings
+from .exceptions import InvalidPayload
+
+MAX_PAYLOAD_DEPTH = 100
+
+
+def encode_payload(value: Any, what: str) -> tuple[Any, str]:
+    """Return `value` as it will read back from JSON, and its JSON; or raise InvalidPayload."""
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        size = len(text.encode())  # lone surrogates cannot be stored as text
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise InvalidPayload(
+            f"{what} must be JSON: {exc}. Use str, int, float, bool, None, and lists and "
+            f"dicts of them (pass a datetime as an ISO string, a model instance by its pk)."
+        ) from None
+    limit = get_settings().MAX_PAYLOAD_BYTES
+    if size > limit:
+        raise InvalidPayload(
+            f"{what} take {size:,} bytes as JSON, more than "
+            f"JOBSTATE_MAX_PAYLOAD_BYTES ({limit:,}). Store large data elsewhere and pass its key."
+        )
+    decoded = json.loads(text)
+    # Only a text with an escaped NUL, or with enough brackets to be that deep, needs a look.
+    suspect = "\\u0000" in text or text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH
+    if suspect and (problem := _unstorable(decoded)):
+        raise InvalidPayload(f"{what} {problem}.")
+    return decoded, text
+
+
+def _unstorable(value: Any) -> str | None:
+    """Say why PostgreSQL could not store `value` as jsonb (iteratively: it may be deep)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, str) and "\x00" in item:
+            return "contain a NUL character, which PostgreSQL cannot store"
+        if isinstance(item, dict | list):
+            if depth > MAX_PAYLOAD_DEPTH:
+                return f"are nested more than {MAX_PAYLOAD_DEPTH} levels deep"
+            children = [*item, *item.values()] if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+    return None
