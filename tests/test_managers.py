@@ -175,7 +175,8 @@ def test_a_claim_from_a_key_does_not_walk_the_index_entries_of_claimed_rows():
     claimed = []
     while batch := Job.objects.claim("w", limit=1000):
         claimed.extend(batch)
-    JobFactory.create_batch(3)
+    # After the key in claim order whatever the clock did: same run_after, higher ids.
+    JobFactory.create_batch(3, run_after=claimed[-1].run_after)
 
     def index_pages(**claim):
         return sum(
