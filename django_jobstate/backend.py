@@ -19,7 +19,7 @@ from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
 
 from .conf import get_settings
-from .states import State
+from .states import FailureReason, State
 
 if TYPE_CHECKING:
     from .models import Job
@@ -37,11 +37,15 @@ class JobStateTask(Task):
     """A Task with retry and timeout options: `@task(max_attempts=3, backoff=5, timeout=60)`.
 
     None means the project default (JOBSTATE_DEFAULT_MAX_ATTEMPTS, ..._BACKOFF, ..._TIMEOUT).
+    With `atomic=True` the body runs in a transaction on the jobs' database that also
+    writes the attempt's success, fenced: if the attempt stopped being this worker's (its
+    worker was taken for lost, it timed out), the body's writes roll back with it.
     """
 
     max_attempts: int | None = None  # attempts in all, including the first
     backoff: float | None = None  # seconds before the second attempt; doubles after
     timeout: float | None = None  # seconds an attempt may run before it is stopped
+    atomic: bool = False
 
 
 def load_task(path: str) -> Task:
@@ -88,6 +92,10 @@ class JobStateBackend(BaseTaskBackend):
             )
         _check_option(task, "backoff", minimum=0)
         _check_option(task, "timeout", minimum=0.001)
+        if not isinstance(getattr(task, "atomic", False), bool):
+            raise InvalidTask(
+                f"atomic of task {task.module_path!r} must be True or False, not {task.atomic!r}."  # type: ignore[attr-defined]
+            )
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
         return self.bulk_enqueue(task, [(args, kwargs)])[0]
@@ -170,7 +178,9 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
         task = replace(
             task, queue_name=newest.queue_name, priority=newest.priority, backend=newest.backend
         )
-    started = [a for a in attempts if a.started_at is not None]
+    # An attempt released unstarted never ran: it is no attempt in django.tasks' sense.
+    ran = [a for a in attempts if a.failure_reason != FailureReason.RELEASED]
+    started = [a for a in ran if a.started_at is not None]
     result: TaskResult[Any, Any] = TaskResult(
         task=task,
         id=str(newest.result_id),
@@ -184,7 +194,7 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
         backend=newest.backend,
         errors=[
             TaskError(exception_class_path=a.error_class, traceback=a.traceback)
-            for a in attempts
+            for a in ran
             if a.state == State.FAILED
         ],
         # The check constraints give every started attempt a worker_id.

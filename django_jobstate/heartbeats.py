@@ -14,29 +14,35 @@ if TYPE_CHECKING:
 
 
 class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
-    def beat(self, worker_id: str, *, host: str, pid: int, queues: list[str] | None) -> None:
-        """Say that `worker_id` is alive now (registering it if it is new or was reaped)."""
-        if not self.filter(worker_id=worker_id).update(last_seen=Now()):
-            # One INSERT ... ON CONFLICT, not a read then a write: SQLite would refuse that
-            # transaction at once ("database is locked") while another process writes.
-            now = timezone.now()
-            self.bulk_create(
-                [
-                    self.model(
-                        worker_id=worker_id,
-                        host=host,
-                        pid=pid,
-                        queues=queues,
-                        started_at=now,
-                        last_seen=now,
-                    )
-                ],
-                update_conflicts=True,
-                unique_fields=["worker_id"],
-                update_fields=["last_seen"],
-            )
-            # Lost workers are judged by the database clock, whatever this process's says.
-            self.filter(worker_id=worker_id).update(started_at=Now(), last_seen=Now())
+    def beat(self, workers: dict[str, int], *, host: str, queues: list[str] | None) -> None:
+        """Say that the workers `{worker_id: pid}` are alive now, registering the new ones.
+
+        One UPDATE for all of them; an INSERT only for those that have no row yet (new, or
+        forgotten as lost while they could not beat).
+        """
+        if self.filter(worker_id__in=workers).update(last_seen=Now()) == len(workers):
+            return
+        # One INSERT ... ON CONFLICT, not a read then a write: SQLite would refuse that
+        # transaction at once ("database is locked") while another process writes.
+        now = timezone.now()
+        self.bulk_create(
+            [
+                self.model(
+                    worker_id=worker_id,
+                    host=host,
+                    pid=pid,
+                    queues=queues,
+                    started_at=now,
+                    last_seen=now,
+                )
+                for worker_id, pid in workers.items()
+            ],
+            update_conflicts=True,
+            unique_fields=["worker_id"],
+            update_fields=["last_seen"],
+        )
+        # Lost workers are judged by the database clock, whatever this process's says.
+        self.filter(worker_id__in=workers).update(last_seen=Now())
 
     def forget(self, worker_id: str) -> None:
         """Remove a worker that stopped cleanly."""

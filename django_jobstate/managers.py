@@ -13,19 +13,21 @@ import logging
 import os
 import random
 import time
+import traceback
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Exists
 from django.db.models.fields import NOT_PROVIDED
 from django.db.models.functions import Now
 from django.utils import timezone
 
 from .conf import get_settings
-from .exceptions import LostRace, WorkerLost
+from .exceptions import JobTimeout, LostRace, WorkerLost
 from .payload import encode_payload
 from .querysets import JobQuerySet
 from .states import TERMINAL_STATES, FailureReason, State, check_transition
@@ -39,6 +41,32 @@ logger = logging.getLogger("django_jobstate")
 
 def class_path(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def describe_error(exc: BaseException) -> dict[str, str]:
+    """The error fields of a failed attempt, for any exception.
+
+    Its str() may raise (the traceback module says so instead), and PostgreSQL stores no
+    NUL character and no lone surrogate in text: both are written as escapes.
+    """
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() of the error failed>"
+    return {
+        "error_class": storable_text(class_path(exc))[:255],
+        "error_message": storable_text(message),
+        "traceback": storable_text("".join(traceback.format_exception(exc))),
+    }
+
+
+def timeout_error(job: Job) -> JobTimeout:
+    return JobTimeout(f"the attempt ran past its timeout of {job.timeout:g} seconds")
+
+
+def storable_text(text: str) -> str:
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def uuid7() -> uuid.UUID:
@@ -336,7 +364,11 @@ class JobManager(_JobManagerBase["Job"]):
         error_message: str = "",
         traceback: str = "",
     ) -> Job | None:
-        """Fail `job` and, if its task allows another attempt, create it; return it."""
+        """Fail `job` and, if its task allows another attempt, create it; return it.
+
+        An attempt RELEASED (claimed, never started) always gets a next attempt, due at
+        once, that does not use up one of the task's attempts.
+        """
         with transaction.atomic(using=job._state.db):
             self._transition(
                 job,
@@ -347,12 +379,16 @@ class JobManager(_JobManagerBase["Job"]):
                 error_message=error_message,
                 traceback=traceback,
             )
+            if reason == FailureReason.RELEASED:
+                return self.retry(job, max_attempts=job.max_attempts + 1)
             if job.attempt >= job.max_attempts:
                 return None
             delay = backoff_delay(job.backoff, job.attempt)
             return self.retry(job, run_after=timezone.now() + timedelta(seconds=delay))
 
-    def retry(self, job: Job, *, run_after: datetime | None = None) -> Job:
+    def retry(
+        self, job: Job, *, run_after: datetime | None = None, max_attempts: int | None = None
+    ) -> Job:
         """Create the next attempt of a failed `job`; the failed row stays as it is."""
         if job.state != State.FAILED:
             raise LostRace(f"Only a failed attempt can be retried; job {job.pk} is {job.state}.")
@@ -373,7 +409,7 @@ class JobManager(_JobManagerBase["Job"]):
                     priority=job.priority,
                     run_after=run_after or now,
                     enqueued_at=now,
-                    max_attempts=job.max_attempts,
+                    max_attempts=job.max_attempts if max_attempts is None else max_attempts,
                     backoff=job.backoff,
                     timeout=job.timeout,
                 )
@@ -387,17 +423,27 @@ class JobManager(_JobManagerBase["Job"]):
                 f"another writer retried it first."
             ) from None
 
-    def rescue_lost(self, lost_after: float) -> int:
+    def rescue_lost(
+        self, lost_after: float, *, judges: Sequence[str] = (), judge_gap: float = 0
+    ) -> int:
         """Fail as lost the running attempts of workers silent for `lost_after` seconds.
 
         Times are the database's, so workers' clocks do not matter. An attempt younger than
-        `lost_after` is never rescued, whatever its worker did.
+        `lost_after` is never rescued, whatever its worker did. With `judges`, nothing is
+        rescued unless one of those workers beat within the last `judge_gap` seconds: a
+        rescuer whose own beats stalled (its statement waited on a lock, it was paused)
+        cannot tell a dead worker from one that was held up as it was (liveness.py).
         """
         from .models import WorkerHeartbeat
 
         cutoff = Now() - timedelta(seconds=lost_after)
         alive = WorkerHeartbeat.objects.filter(last_seen__gte=cutoff).values("worker_id")
         silent = self.running().filter(started_at__lt=cutoff).exclude(worker_id__in=alive)
+        if judges:
+            fresh = Now() - timedelta(seconds=judge_gap)
+            silent = silent.filter(
+                Exists(WorkerHeartbeat.objects.filter(worker_id__in=judges, last_seen__gte=fresh))
+            )
         error = WorkerLost(f"its worker sent no heartbeat for {lost_after:g} seconds")
         return self._fail_each(silent, FailureReason.LOST, error)
 
@@ -406,17 +452,59 @@ class JobManager(_JobManagerBase["Job"]):
     ) -> int:
         """Fail the running attempts of a worker that is gone or stopped (or just one of them).
 
-        Used by a supervisor whose worker process died or was killed, and by the watchdog
-        of an attempt past its timeout. Returns how many attempts it failed.
+        Used by the watchdog of an attempt past its timeout, and by tests. Returns how many
+        attempts it failed.
         """
         jobs = self.running().filter(worker_id=worker_id)
         return self._fail_each(jobs if pk is None else jobs.filter(pk=pk), reason, error)
 
-    def _fail_each(self, jobs: JobQuerySet, reason: FailureReason, error: BaseException) -> int:
+    def release(self, worker_id: str, pks: Collection[int]) -> int:
+        """Hand back attempts that `worker_id` claimed but never started; return how many.
+
+        Each fails as released and its next attempt is queued at once, not counted against
+        the task's attempts (see fail()).
+        """
+        error = WorkerLost(f"worker {worker_id} handed it back before starting it")
+        jobs = self.running().filter(worker_id=worker_id, pk__in=pks)
+        return self._fail_each(jobs, FailureReason.RELEASED, error)
+
+    def settle_ended(
+        self,
+        worker_id: str,
+        *,
+        started: Collection[int],
+        reason: FailureReason,
+        error: BaseException,
+        timed_out: int | None = None,
+    ) -> int:
+        """Fail the attempts still running for a worker process that ended; return how many.
+
+        Its supervisor knows from the worker's ledger which attempts it `started`: those
+        fail as `reason` (the one killed at its deadline as a timeout), and the others,
+        never begun, are released.
+        """
+        failed = 0
+        for job in self.running().filter(worker_id=worker_id):
+            if job.pk == timed_out:
+                failed += self._fail_each([job], FailureReason.TIMEOUT, timeout_error(job))
+            elif job.pk in started:
+                failed += self._fail_each([job], reason, error)
+            else:
+                failed += self.release(worker_id, [job.pk])
+        return failed
+
+    def time_out(self, worker_id: str, pk: int) -> int:
+        """Fail `worker_id`'s attempt `pk` as past its timeout (1), unless it has moved on (0)."""
+        jobs = self.running().filter(worker_id=worker_id, pk=pk)
+        return sum(
+            self._fail_each([job], FailureReason.TIMEOUT, timeout_error(job)) for job in jobs
+        )
+
+    def _fail_each(self, jobs: Iterable[Job], reason: FailureReason, error: BaseException) -> int:
         failed = 0
         for job in jobs:
             try:
-                self.fail(job, reason, error_class=class_path(error), error_message=str(error))
+                self.fail(job, reason, **describe_error(error))
             except LostRace:
                 continue  # its worker finished it, or another rescuer got there first
             logger.warning("Job %s attempt %d failed as %s: %s", job.pk, job.attempt, reason, error)

@@ -16,8 +16,9 @@ class State(models.TextChoices):
     RUNNING = "running", _("Running")
     # In: the worker that owns the attempt, after the task returned. Out: never.
     SUCCEEDED = "succeeded", _("Succeeded")
-    # In: the owning worker (the task raised, timed out or was interrupted) or the reaper
-    # (its worker was lost). Out: never; a retry is a new attempt row.
+    # In: the owning worker (the task raised or was interrupted), its supervisor (a timeout,
+    # a dead worker process, an attempt handed back before it started) or the rescuer of a
+    # lost worker. Out: never; a retry is a new attempt row.
     FAILED = "failed", _("Failed")
 
 
@@ -26,6 +27,9 @@ class FailureReason(models.TextChoices):
     TIMEOUT = "timeout", _("The task ran past its timeout")
     LOST = "lost", _("Its worker stopped heartbeating")
     INTERRUPTED = "interrupted", _("Its worker was stopped mid-attempt")
+    # Claimed but never started: its worker handed it back (it was held behind a slow
+    # attempt, or its worker process ended first). The next attempt does not count it.
+    RELEASED = "released", _("Never started; handed back to the queue")
 
 
 TRANSITIONS: dict[State, frozenset[State]] = {

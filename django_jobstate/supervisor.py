@@ -1,26 +1,40 @@
-"""The supervisor behind `runjobs`: N worker processes, replaced when they end.
+"""The supervisor behind `runjobs`: N worker processes, their heartbeats and timeouts.
 
 Each worker is a child process (spawned, so it shares nothing with the supervisor but the
-settings). The supervisor knows each child's worker id, so when a child dies it fails that
-child's running attempts at once instead of waiting for the lost-after window.
+settings and its ledger). The supervisor runs no task code, so it can always act for its
+workers, whatever their tasks do to their own interpreters:
+- a monitor thread heartbeats for them and rescues the attempts of lost workers elsewhere
+  (liveness.py), and makes every other database write of the supervisor;
+- the main loop kills a worker whose attempt passed its deadline, takes back the attempts
+  a worker holds behind a slow one, and replaces workers that ended.
+Each worker writes what it holds and starts to a ledger in shared memory (ledger.py), so
+when a worker process ends, the supervisor fails only the attempt it had started and
+hands back the ones it never began.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import logging
+import math
 import multiprocessing
 import os
 import signal
 import sys
+import threading
 import time
+import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from django.db import DatabaseError, close_old_connections
+from django.db import DatabaseError
 
 from .exceptions import WorkerInterrupted, WorkerLost
+from .ledger import STARTED, Ledger
 from .states import FailureReason
 
 # Nothing here imports models at import time: a spawned child imports this module to find
@@ -29,118 +43,268 @@ from .states import FailureReason
 logger = logging.getLogger("django_jobstate.worker")
 
 EXIT_RECYCLE = 3  # the worker ran --max-jobs jobs: replace it
-EXIT_TIMEOUT = 4  # the worker ended itself to stop an attempt past its timeout
+EXIT_UNAVAILABLE = 5  # a --burst worker could not reach the database
+# Seconds an attempt may run before the attempts its worker holds behind it, claimed in
+# the same batch, are handed back for other workers to run.
+HOLD_LIMIT = 0.5
+RESPAWN_DELAY = 1.0  # before replacing a worker that died within a second (no database?)
+
+
+def supervisor_id(prefix: str | None) -> str:
+    """A name no other supervisor has, whatever `prefix` (--worker-id) says.
+
+    Worker ids are what every outcome write is fenced by: two supervisors started with
+    the same --worker-id (one unit file on two hosts) must still name workers apart.
+    """
+    import socket
+
+    return f"{prefix or f'{socket.gethostname()[:40]}:{os.getpid()}'}:{uuid.uuid4().hex[:8]}"
 
 
 @dataclass
 class Child:
     worker_id: str
     process: BaseProcess
+    ledger: Ledger
     started: float
+    timed_out: int | None = None  # the attempt it was killed for, past its deadline
 
 
 class Supervisor:
     def __init__(self, *, concurrency: int = 1, worker_id: str | None = None, **options: Any):
-        self.concurrency = concurrency
-        from .worker import default_worker_id
+        from .worker import MAX_BATCH
 
-        self.base_id = worker_id or default_worker_id()
+        self.concurrency = concurrency
+        self.base_id = supervisor_id(worker_id)
         self.options = options  # Worker(...) arguments: queues, poll_interval, burst, max_jobs
+        self.batch_size = options.pop("max_batch", MAX_BATCH)
         self.stopping = False
         self.interrupted = False
+        self.unavailable = False  # a --burst worker could not reach the database
+        self.workers: dict[str, int] = {}  # {worker_id: pid} of the live workers, for beats
         self._spawned = 0
         self._children: dict[int, Child] = {}
+        self._respawn_at: dict[int, float] = {}
         self._context = multiprocessing.get_context("spawn")
+        self.monitor = Monitor(self)
 
     def run(self) -> None:
         queues = ", ".join(sorted(self.options.get("queues") or [])) or "all queues"
         logger.info(
             "Supervisor %s started %d worker(s) on %s", self.base_id, self.concurrency, queues
         )
-        for slot in range(self.concurrency):
-            self._children[slot] = self._spawn(slot)
-        while self._children:
-            wait([c.process.sentinel for c in self._children.values()], timeout=0.5)
-            for slot, child in list(self._children.items()):
-                if child.process.is_alive():
-                    continue
-                child.process.join()
-                self._reap(child)
-                if self._should_replace(child):
-                    self._children[slot] = self._spawn(slot)
-                else:
-                    del self._children[slot]
+        self.monitor.start()
+        try:
+            for slot in range(self.concurrency):
+                if not self.stopping:
+                    self._spawn(slot)
+            while self._children or self._respawn_at:
+                wait([c.process.sentinel for c in self._children.values()], self._wake_in())
+                self._watch(time.monotonic())
+        finally:
+            self.monitor.finish()
         logger.info("Supervisor %s stopped", self.base_id)
 
     def stop(self) -> None:
-        """Let each worker finish its attempt in hand, then exit."""
+        """Let each worker finish its attempts in hand, then exit."""
         self.stopping = True
+        self._respawn_at.clear()
         self._signal_children(signal.SIGTERM)
 
     def interrupt(self) -> None:
         """Stop now: kill the workers; their running attempts fail as interrupted."""
         self.stopping = self.interrupted = True
+        self._respawn_at.clear()
         self._signal_children(signal.SIGKILL)
 
     def _signal_children(self, signum: int) -> None:
-        for child in self._children.values():
+        for child in list(self._children.values()):
             if child.process.pid is not None and child.process.is_alive():
                 os.kill(child.process.pid, signum)
 
-    def _spawn(self, slot: int) -> Child:
+    def _wake_in(self) -> float:
+        deadlines = [c.ledger.next_deadline() for c in self._children.values()]
+        wake = min([*deadlines, *self._respawn_at.values(), math.inf])
+        # Often enough to see an attempt held past HOLD_LIMIT in time.
+        return max(0.0, min(wake - time.monotonic(), HOLD_LIMIT / 5))
+
+    def _watch(self, now: float) -> None:
+        for slot, child in list(self._children.items()):
+            if not child.process.is_alive():
+                child.process.join()
+                del self._children[slot]
+                self._publish()  # before settling it: no beat for it after its row is gone
+                self._ended(child)
+                if self._should_replace(child):
+                    quick = time.monotonic() - child.started < RESPAWN_DELAY
+                    self._respawn_at[slot] = now + (RESPAWN_DELAY if quick else 0)
+            elif (pk := child.ledger.overdue(now)) is not None:
+                logger.warning(
+                    "Worker %s: job %s passed its timeout; stopping the worker process",
+                    child.worker_id,
+                    pk,
+                )
+                child.timed_out = pk
+                os.kill(child.process.pid or 0, signal.SIGKILL)
+            elif held := child.ledger.release_held(now, HOLD_LIMIT):
+                logger.info(
+                    "Worker %s: handing back %d job(s) held behind a slow one",
+                    child.worker_id,
+                    len(held),
+                )
+                self.monitor.submit(functools.partial(release, child.worker_id, held))
+        for slot, at in list(self._respawn_at.items()):
+            if now >= at:
+                del self._respawn_at[slot]
+                self._spawn(slot)
+
+    def _publish(self) -> None:
+        """Hand the monitor thread the workers to beat for (one assignment: no lock)."""
+        self.workers = {c.worker_id: c.process.pid or 0 for c in self._children.values()}
+
+    def _spawn(self, slot: int) -> None:
         self._spawned += 1
         worker_id = f"{self.base_id}/{slot}.{self._spawned}"[-64:]
+        ledger = Ledger(self._context, self.batch_size)
+        options = {**self.options, "worker_id": worker_id, "max_batch": self.batch_size}
         process = self._context.Process(
             target=run_child,
-            args=({**self.options, "worker_id": worker_id}, logger.getEffectiveLevel()),
+            args=(options, logger.getEffectiveLevel(), ledger, os.getpid()),
             name=f"runjobs worker {worker_id}",
         )
         process.start()
-        return Child(worker_id, process, time.monotonic())
+        self._children[slot] = Child(worker_id, process, ledger, time.monotonic())
+        self._publish()
+        self.monitor.beat_soon()  # register it before it claims
+        if self.stopping:  # a stop that came while it started: it must hear it too
+            os.kill(process.pid or 0, signal.SIGKILL if self.interrupted else signal.SIGTERM)
 
-    def _reap(self, child: Child) -> None:
-        from .models import Job, WorkerHeartbeat
-
+    def _ended(self, child: Child) -> None:
         code = child.process.exitcode
-        assert code is not None  # run() reaps a child only after join()
-        if code in (0, EXIT_RECYCLE):
-            return
+        assert code is not None  # _watch() handles a child only after join()
+        if code == EXIT_UNAVAILABLE:
+            self.unavailable = True
         if self.interrupted:
             reason = FailureReason.INTERRUPTED
             error: Exception = WorkerInterrupted(
                 "runjobs was told twice to stop, and stopped at once"
             )
         else:
-            if code == EXIT_TIMEOUT:
-                how = "ended itself to stop an attempt past its timeout"
+            if child.timed_out is not None:
+                how = f"was stopped: job {child.timed_out} passed its timeout"
             elif code < 0:
                 how = f"was killed by {signal.Signals(-code).name}"
             else:
                 how = f"exited {code}"
             reason, error = FailureReason.LOST, WorkerLost(f"its worker process {how}")
-            logger.warning("Worker %s %s", child.worker_id, how)
-        try:
-            close_old_connections()
-            Job.objects.fail_running(child.worker_id, reason, error)
-            WorkerHeartbeat.objects.forget(child.worker_id)
-        except DatabaseError:
-            logger.exception(
-                "Could not fail the attempts of worker %s; they fail as lost once "
-                "JOBSTATE_LOST_AFTER has passed",
-                child.worker_id,
-            )
+            if code not in (0, EXIT_RECYCLE, EXIT_UNAVAILABLE):
+                logger.warning("Worker %s %s", child.worker_id, how)
+        started = {pk for pk, mark in child.ledger.marks().items() if mark == STARTED}
+        self.monitor.submit(
+            functools.partial(settle, child.worker_id, started, reason, error, child.timed_out)
+        )
 
     def _should_replace(self, child: Child) -> bool:
         code = child.process.exitcode
-        if self.stopping or code == 0:
-            return False
-        if code != EXIT_RECYCLE and time.monotonic() - child.started < 1.0:
-            time.sleep(1.0)  # a worker that dies at once (e.g. no database): do not spin
-        return not self.stopping  # a stop may have come during the sleep
+        return not self.stopping and code not in (0, EXIT_UNAVAILABLE)
 
 
-def run_child(options: dict[str, Any], log_level: int) -> None:
+def release(worker_id: str, pks: list[int]) -> None:
+    from .models import Job
+
+    Job.objects.release(worker_id, pks)
+
+
+def settle(
+    worker_id: str,
+    started: set[int],
+    reason: FailureReason,
+    error: BaseException,
+    timed_out: int | None,
+) -> None:
+    from .models import Job, WorkerHeartbeat
+
+    Job.objects.settle_ended(
+        worker_id, started=started, reason=reason, error=error, timed_out=timed_out
+    )
+    WorkerHeartbeat.objects.forget(worker_id)
+
+
+class Monitor(threading.Thread):
+    """The supervisor's database work: heartbeats for its workers, rescue of lost workers
+    elsewhere, and the writes the main loop hands over (settling a worker that ended,
+    handing back held attempts), each retried until the database takes it."""
+
+    def __init__(self, supervisor: Supervisor) -> None:
+        super().__init__(name="jobstate-monitor", daemon=True)
+        self.supervisor = supervisor
+        self._pending: list[Callable[[], None]] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._done = threading.Event()
+        self._beat_now = False
+
+    def beat_soon(self) -> None:
+        self._beat_now = True
+        self._wake.set()
+
+    def submit(self, write: Callable[[], None]) -> None:
+        with self._lock:
+            self._pending.append(write)
+        self._wake.set()
+
+    def run(self) -> None:
+        from .liveness import Pulse, close_connection
+
+        pulse = Pulse(f"Supervisor {self.supervisor.base_id}")
+        interval = pulse.settings.HEARTBEAT_INTERVAL
+        next_beat = time.monotonic()
+        try:
+            while True:
+                self._write_pending(close_connection)
+                if self._done.is_set() and not self._pending:
+                    return
+                if time.monotonic() >= next_beat or self._beat_now:
+                    self._beat_now = False
+                    next_beat = time.monotonic() + interval
+                    workers = self.supervisor.workers
+                    pulse.beat(workers, self.supervisor.options.get("queues"))
+                    pulse.rescue(list(workers))
+                self._wake.wait(max(0.0, next_beat - time.monotonic()))
+                self._wake.clear()
+        finally:
+            close_connection()
+
+    def _write_pending(self, close_connection: Callable[[], None]) -> None:
+        while self._pending:
+            write = self._pending[0]
+            try:
+                write()
+            except DatabaseError:
+                logger.warning("Database unavailable; will retry", exc_info=True)
+                close_connection()
+                self._done.wait(0.5)
+                return
+            with self._lock:
+                self._pending.pop(0)
+
+    def finish(self) -> None:
+        """Stop once the pending writes are done, or JOBSTATE_LOST_AFTER has passed."""
+        from .conf import get_settings
+
+        self._done.set()
+        self._wake.set()
+        self.join(get_settings().LOST_AFTER)
+        if self.is_alive():
+            logger.error(
+                "The database did not take the outcomes of ended workers; their attempts "
+                "fail as lost once JOBSTATE_LOST_AFTER has passed"
+            )
+
+
+def run_child(options: dict[str, Any], log_level: int, ledger: Ledger, parent: int) -> None:
     """The body of a worker process."""
+    _die_with_parent()
     import django
 
     django.setup()
@@ -149,7 +313,18 @@ def run_child(options: dict[str, Any], log_level: int) -> None:
     logging.getLogger("django_jobstate").setLevel(log_level)
     # Ctrl-C reaches the whole process group: the supervisor alone decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    worker = Worker(**options, on_timeout=lambda job: os._exit(EXIT_TIMEOUT))
+    worker = Worker(**options, ledger=ledger, parent=parent)
     signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop())
     worker.run()
+    if worker.unavailable:
+        sys.exit(EXIT_UNAVAILABLE)
     sys.exit(EXIT_RECYCLE if worker.reached_max_jobs and not worker.stopping else 0)
+
+
+def _die_with_parent() -> None:
+    """On Linux, have the kernel kill this process when its supervisor dies: nobody would
+    heartbeat for it or stop it at a deadline. (Elsewhere the worker loop checks.)"""
+    if sys.platform != "linux":
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

@@ -1,20 +1,21 @@
 """The worker loop: claim runnable jobs, run each task, record the outcome.
 
-Beside the loop, a watchdog thread (watchdog.py) heartbeats, rescues the attempts of
-lost workers, and stops an attempt that runs past its timeout. Under `runjobs` each
-worker is a child process of a supervisor (supervisor.py), so a timed-out attempt is
-stopped by ending the whole process, whatever the task is doing.
+Under `runjobs` each worker is a child process of a supervisor (supervisor.py), which
+heartbeats for it and stops an attempt past its timeout by ending the whole process,
+whatever the task is doing: the worker writes what it holds and starts to a ledger in
+shared memory (ledger.py) that the supervisor reads. Run in-process, a worker has a
+watchdog thread (watchdog.py) instead.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import multiprocessing
 import os
 import socket
 import threading
 import time
-import traceback
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -25,9 +26,12 @@ from django.db import (
     InterfaceError,
     OperationalError,
     close_old_connections,
-    connection,
+    connections,
+    router,
+    transaction,
 )
-from django.tasks import Task, TaskContext
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.tasks import Task, TaskContext, TaskResult
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
@@ -35,7 +39,8 @@ from django.utils import timezone
 from .backend import JobStateBackend, load_task, to_task_result
 from .conf import get_settings
 from .exceptions import JobTimeout, LostRace
-from .managers import ClaimKey, claim_key, class_path
+from .ledger import Ledger
+from .managers import ClaimKey, claim_key, describe_error
 from .models import Job
 from .payload import encode_payload
 from .states import FailureReason, State
@@ -49,6 +54,11 @@ T = TypeVar("T")
 def default_worker_id() -> str:
     host = socket.gethostname()[:40]
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+def jobs_connection() -> BaseDatabaseWrapper:
+    """This thread's connection to the database the Job table is routed to."""
+    return connections[router.db_for_write(Job)]
 
 
 # Batches: a worker claims as many jobs as it expects to run in BATCH_WINDOW seconds (one
@@ -74,15 +84,16 @@ class Outcome:
     value: object = None
     error: BaseException | None = None
     reason: FailureReason = FailureReason.ERROR
+    written: bool = False  # an atomic task's success, written with its body's writes
 
 
 class Worker:
     """Runs jobs in this process until stopped, or until --burst/--max-jobs says so.
 
-    `on_timeout` is called (from the watchdog thread) after an attempt that ran past its
-    timeout was failed; the default leaves the task running, since a thread cannot be
-    killed, and its late outcome is refused. runjobs passes a function that ends the
-    process.
+    Under a supervisor, `ledger` is shared with it and `parent` is its pid (the worker
+    stops if it is gone). Without one, a watchdog thread heartbeats and fails an attempt
+    past its timeout, which runs on (a thread cannot be killed) and has its late outcome
+    refused.
     """
 
     def __init__(
@@ -94,7 +105,8 @@ class Worker:
         burst: bool = False,
         max_jobs: int | None = None,
         max_batch: int = MAX_BATCH,
-        on_timeout: Callable[[Job], None] | None = None,
+        ledger: Ledger | None = None,
+        parent: int | None = None,
     ) -> None:
         self.worker_id = worker_id or default_worker_id()
         self.queues = None if queues is None else sorted(set(queues))
@@ -104,10 +116,12 @@ class Worker:
         self.burst = burst
         self.max_jobs = max_jobs
         self.max_batch = max_batch
-        self.on_timeout = on_timeout
+        self.supervised = ledger is not None
+        self.ledger = ledger or Ledger(multiprocessing.get_context("spawn"), max_batch)
+        self.parent = parent
         self.jobs_done = 0
-        # The attempt in hand and its monotonic deadline; read by the watchdog.
-        self.current: tuple[Job, float | None] | None = None
+        self.unavailable = False  # a burst run that could not reach the database
+        self.db = router.db_for_write(Job)
         self._stopping = threading.Event()
         self._tasks: dict[str, Task] = {}
         self._average_duration: float | None = None
@@ -129,12 +143,16 @@ class Worker:
     def run(self) -> None:
         queues = ", ".join(self.queues) if self.queues else "all queues"
         logger.info("Worker %s started on %s", self.worker_id, queues)
-        watchdog = Watchdog(self)
-        watchdog.guarded(watchdog.beat)  # register; if the database is away, the next beat will
-        watchdog.start()
-        waiter = Waiter(self._stopping)
+        watchdog = None if self.supervised else Watchdog(self)
+        if watchdog:
+            watchdog.beat()  # register; if the database is away, the next beat will
+            watchdog.start()
+        waiter = Waiter(self._stopping, using=self.db)
         try:
             while not self.stopping and not self.reached_max_jobs:
+                if self.parent is not None and os.getppid() != self.parent:
+                    logger.warning("Worker %s lost its supervisor; stopping", self.worker_id)
+                    break
                 jobs = self._claim()
                 if jobs:
                     self._run_batch(jobs)
@@ -144,7 +162,8 @@ class Worker:
                     waiter.wait(self.poll_interval)
         finally:
             waiter.close()
-            watchdog.finish()
+            if watchdog:
+                watchdog.finish()
             logger.info("Worker %s stopped after %d jobs", self.worker_id, self.jobs_done)
 
     def _batch_size(self) -> int:
@@ -158,6 +177,7 @@ class Worker:
         return size
 
     def _claim(self) -> list[Job]:
+        connection = jobs_connection()
         if not connection.in_atomic_block:  # a long-lived worker drops broken connections
             close_old_connections()
         limit = self._batch_size()
@@ -168,8 +188,13 @@ class Worker:
             if not jobs and self._from_key is not None:  # never idle without a look from the head
                 jobs = self._claim_from(None, limit)
         except DatabaseError:
-            logger.exception("Worker %s could not claim jobs; retrying", self.worker_id)
             connection.close()
+            if self.burst:  # "nothing runnable" is not known: say so, do not exit as done
+                logger.exception("Worker %s could not claim jobs; stopping", self.worker_id)
+                self.unavailable = True
+                self._stopping.set()
+                return []
+            logger.exception("Worker %s could not claim jobs; retrying", self.worker_id)
             self._stopping.wait(self.poll_interval)
             return []
         # A full batch means a backlog: claim the next one from where this one began.
@@ -185,9 +210,10 @@ class Worker:
     def _run_batch(self, jobs: list[Job]) -> None:
         """Run every claimed job (they are in hand: a stop request waits for them)."""
         done: list[Outcome] = []
-        # An attempt past its timeout ends the process and fails what it still holds: run
-        # the attempts with a timeout last, so that no other attempt is held then.
+        # An attempt past its timeout ends the process, and the attempts held behind it
+        # are handed back: run the attempts with a timeout last, to hand back fewer.
         jobs = sorted(jobs, key=lambda job: job.timeout is not None)
+        self.ledger.hold([job.pk for job in jobs])
         checked, mine = time.monotonic(), {job.pk for job in jobs}
         for index, job in enumerate(jobs):
             if time.monotonic() - checked > get_settings().HEARTBEAT_INTERVAL:
@@ -200,6 +226,9 @@ class Worker:
             if job.timeout is not None:
                 self._record(done)  # a timeout ends the process: write what we know first
                 done = []
+            if not self.ledger.start(index, job.timeout):
+                logger.info("Worker %s handed job %s back unstarted", self.worker_id, job.pk)
+                continue
             done.append(self._execute(job))
             self.jobs_done += 1
             if time.monotonic() - done[0].finished > FLUSH_AFTER or done[-1].error:
@@ -213,21 +242,30 @@ class Worker:
 
     def run_attempt(self, job: Job) -> None:
         """Run one claimed attempt and record its outcome, fenced by state and worker."""
+        self.ledger.hold([job.pk])
+        self.ledger.start(0, job.timeout)
         self._record([self._execute(job)])
 
     def _execute(self, job: Job) -> Outcome:
+        """Run a started attempt (ledger.start() said so) and return its outcome."""
         started = time.monotonic()
-        self.current = (job, None if job.timeout is None else started + job.timeout)
         try:
-            value = self._call(job)
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            outcome = Outcome(job, started, time.monotonic(), error=exc)
-        else:
-            outcome = Outcome(job, started, time.monotonic(), value=value)
+            try:
+                # The database is read here, before the body begins: an outage now is not
+                # the task's error. Wait for the database; the attempt is still in hand.
+                task, result = self._retrying(functools.partial(self._prepare, job))
+            except Exception as exc:  # not a task, or a row that cannot run: nothing ran
+                return Outcome(job, started, time.monotonic(), error=exc)
+            try:
+                value, written = self._call(job, task, result)
+            except (Exception, SystemExit, KeyboardInterrupt) as exc:
+                outcome = Outcome(job, started, time.monotonic(), error=exc)
+            else:
+                outcome = Outcome(job, started, time.monotonic(), value=value, written=written)
         finally:
-            self.current = None
+            self.ledger.finish()
         duration = outcome.finished - started
-        if job.timeout is not None and duration > job.timeout:
+        if job.timeout is not None and duration > job.timeout and not outcome.written:
             # Returned (or raised) after its deadline, before the watchdog stopped it: a
             # late watchdog, or the whole process was frozen. Late is a timeout either way.
             outcome.value, outcome.reason = None, FailureReason.TIMEOUT
@@ -241,20 +279,32 @@ class Worker:
         )
         return outcome
 
-    def _call(self, job: Job) -> object:
+    def _prepare(self, job: Job) -> tuple[Task, TaskResult]:
         task = self._load_task(job.task_path)  # a path that is not a Task fails: nothing runs
         if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
             raise InvalidTask(  # a row written behind the app's back: never guess
                 f"Job {job.pk} has args {type(job.args).__name__} and kwargs "
                 f"{type(job.kwargs).__name__}; they must be a JSON array and a JSON object."
             )
-        result = to_task_result([*self._previous_attempts(job), job], task)
+        return task, to_task_result([*self._previous_attempts(job), job], task)
+
+    def _call(self, job: Job, task: Task, result: TaskResult) -> tuple[object, bool]:
+        """Run the body; return its value, and whether its success is already written.
+
+        An atomic task's body runs in a transaction that also writes its success, fenced
+        like every outcome: if the attempt is no longer this worker's (rescued as lost,
+        timed out), LostRace rolls back the body's writes with it.
+        """
         task_started.send(JobStateBackend, task_result=result)
-        if task.takes_context:
-            value = task.call(TaskContext(task_result=result), *job.args, **job.kwargs)
-        else:
-            value = task.call(*job.args, **job.kwargs)
-        return encode_payload(value, "The task's return value")[0]
+        args: tuple[object, ...] = (TaskContext(task_result=result),) if task.takes_context else ()
+        if not getattr(task, "atomic", False):
+            value = task.call(*args, *job.args, **job.kwargs)
+            return encode_payload(value, "The task's return value")[0], False
+        with transaction.atomic(using=self.db):
+            value = task.call(*args, *job.args, **job.kwargs)
+            value = encode_payload(value, "The task's return value")[0]
+            Job.objects.succeed(job, value)
+        return value, True
 
     def _load_task(self, path: str) -> Task:
         if path not in self._tasks:
@@ -268,7 +318,10 @@ class Worker:
 
     def _record(self, outcomes: list[Outcome]) -> None:
         """Write outcomes, fenced: successes in one statement, failures one by one."""
-        successes = [o for o in outcomes if o.error is None]
+        for outcome in outcomes:
+            if outcome.written:
+                self._finished(outcome)
+        successes = [o for o in outcomes if o.error is None and not o.written]
         if successes:
             pairs = [(o.job, o.value) for o in successes]
             written = self._retrying(lambda: Job.objects.succeed_many(self.worker_id, pairs))
@@ -294,15 +347,8 @@ class Worker:
                     self._finished(outcome)
 
     def _fail(self, outcome: Outcome) -> None:
-        error = outcome.error
-        assert error is not None
-        Job.objects.fail(
-            outcome.job,
-            outcome.reason,
-            error_class=class_path(error),
-            error_message=str(error),
-            traceback="".join(traceback.format_exception(error)),
-        )
+        assert outcome.error is not None
+        Job.objects.fail(outcome.job, outcome.reason, **describe_error(outcome.error))
 
     def _retrying(self, write: Callable[[], T]) -> T:
         """Run an outcome write until the database takes it: the outcome is known."""
@@ -317,7 +363,7 @@ class Worker:
                     delay,
                     exc_info=True,
                 )
-                connection.close()
+                jobs_connection().close()
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 

@@ -480,7 +480,7 @@ def test_a_running_job_is_not_rescued_while_its_worker_heartbeats():
     alive = JobFactory(running=True, worker_id="alive", started_at=long_ago)
     silent = JobFactory(running=True, worker_id="silent", started_at=long_ago)
     young = JobFactory(running=True, worker_id="young", started_at=timezone.now())
-    WorkerHeartbeat.objects.beat("alive", host="h", pid=1, queues=None)
+    WorkerHeartbeat.objects.beat({"alive": 1}, host="h", queues=None)
 
     assert Job.objects.rescue_lost(lost_after=3.0) == 1
 
@@ -496,7 +496,7 @@ def test_a_heartbeat_is_stamped_by_the_database_clock_whatever_the_workers(clock
     job = JobFactory(running=True, worker_id="behind", started_at=timezone.now())
     raw_update(job.pk, started_at=timezone.now() - timedelta(hours=2))
     clock_ahead(hours=-1)  # a worker whose clock is an hour behind heartbeats
-    WorkerHeartbeat.objects.beat("behind", host="h", pid=1, queues=None)
+    WorkerHeartbeat.objects.beat({"behind": 1}, host="h", queues=None)
 
     assert Job.objects.rescue_lost(lost_after=3.0) == 0
     job.refresh_from_db()

@@ -197,7 +197,7 @@ class JobMachine(RuleBasedStateMachine):
 
     @rule(worker=st.sampled_from(WORKERS))
     def beat(self, worker: str) -> None:
-        WorkerHeartbeat.objects.beat(worker, host="h", pid=1, queues=None)
+        WorkerHeartbeat.objects.beat({worker: 1}, host="h", queues=None)
         self.fresh.add(worker)
 
     @rule()

@@ -248,6 +248,6 @@ def test_registering_a_worker_while_another_process_writes_does_not_fail():
         return result
 
     with connection.execute_wrapper(another_process_writes):
-        WorkerHeartbeat.objects.beat("new-worker", host="h", pid=1, queues=None)
+        WorkerHeartbeat.objects.beat({"new-worker": 1}, host="h", queues=None)
 
     assert WorkerHeartbeat.objects.filter(worker_id="new-worker").exists()

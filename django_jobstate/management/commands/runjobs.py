@@ -6,7 +6,7 @@ import signal
 from types import FrameType
 from typing import Any
 
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from django_jobstate.management.arguments import positive_float, positive_int, queue_name
 from django_jobstate.supervisor import Supervisor
@@ -50,7 +50,10 @@ class Command(BaseCommand):
             help="Seconds to wait when nothing is runnable (default: JOBSTATE_POLL_INTERVAL).",
         )
         parser.add_argument(
-            "--worker-id", metavar="ID", help="Name this worker (default: host:pid:random)."
+            "--worker-id",
+            metavar="ID",
+            help="Start worker names with ID (default: host:pid); a random part follows, so "
+            "that two runjobs given the same ID never share a name.",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -78,6 +81,12 @@ class Command(BaseCommand):
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         supervisor.run()
+        if supervisor.unavailable:
+            raise CommandError(
+                "A worker could not reach the database, so the jobs left queued are not "
+                "known to be done; see the errors above.",
+                returncode=3,
+            )
 
 
 def configure_logging(verbosity: int) -> None:
