@@ -71,6 +71,25 @@ class Runjobs:
                 proc.wait()
 
 
+def keep_a_worker_writing(runjobs: Runjobs, jobs: int = 3000) -> None:
+    """Start runjobs on a backlog of short jobs, so that it commits every few milliseconds.
+
+    Only the "default" queue: jobs of the other queues stay queued for the test to use.
+    """
+    from django_jobstate.backend import JobStateBackend
+    from django_jobstate.models import Job
+    from django_jobstate.states import State
+    from tests import tasks
+
+    backend = JobStateBackend("default", {})
+    backend.bulk_enqueue(tasks.sleep_then_record, [((f"busy-{i}", 0.002), {}) for i in range(jobs)])
+    runjobs.start("--queue", "default")
+    deadline = time.monotonic() + 30
+    while not Job.objects.filter(state=State.SUCCEEDED).exists():
+        assert time.monotonic() < deadline, "the worker never started"
+        time.sleep(0.05)
+
+
 def run_racers(commands: list[list[str]]) -> list[object]:
     """Run `python -m tests.racer ...` processes that start together; return their JSON."""
     start_at = str(time.time() + 2.0)
