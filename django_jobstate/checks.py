@@ -6,13 +6,16 @@ bad value (a string, a negative number) instead of crashing on it.
 
 import difflib
 import math
+import zoneinfo
 from dataclasses import fields
+from datetime import UTC, datetime, timedelta
 from typing import Any, get_args, get_type_hints
 
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, register
 from django.core.checks import Warning as CheckWarning
+from django.db import connections, router
 from django.utils.module_loading import import_string
 
 from .backend import JobStateBackend
@@ -150,4 +153,41 @@ def check_tasks_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             f"django_jobstate from INSTALLED_APPS.",
             id="django_jobstate.W003",
         )
+    ]
+
+
+def _is_utc(name: str) -> bool:
+    """Whether the zone `name` is UTC all year (in winter and in summer)."""
+    try:
+        zone = zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return False  # Django refuses an unknown TIME_ZONE itself
+    year = datetime.now(UTC).year
+    return all(
+        datetime(year, month, 1, tzinfo=zone).utcoffset() == timedelta(0) for month in (1, 7)
+    )
+
+
+@register()
+def check_sqlite_time_zone(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """SQLite with naive local times: refuse what the app cannot compare correctly.
+
+    With USE_TZ = False, Django writes local naive times, while SQLite's clock (the
+    database's "now" in rescue_lost(), Run now, prune, ...) is UTC: east of UTC a lost
+    worker's attempt would never be rescued, west of it fresh rows would be pruned.
+    """
+    if not apps.is_installed("django_jobstate") or settings.USE_TZ or _is_utc(settings.TIME_ZONE):
+        return []
+    from .models import Job
+
+    return [
+        Error(
+            f"DATABASES[{alias!r}] is SQLite, and USE_TZ = False with TIME_ZONE = "
+            f"{settings.TIME_ZONE!r}: django_jobstate would compare local times with "
+            f"SQLite's clock, which is UTC (lost workers never rescued, fresh jobs pruned).",
+            hint='Set USE_TZ = True (Django\'s default), or TIME_ZONE = "UTC".',
+            id="django_jobstate.E006",
+        )
+        for alias in connections
+        if connections[alias].vendor == "sqlite" and router.allow_migrate_model(alias, Job)
     ]

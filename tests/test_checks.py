@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.db import connection
 from django.test import override_settings
 
 from django_jobstate.backend import JobStateBackend
@@ -159,3 +160,24 @@ def test_backend_check_survives_a_malformed_tasks_setting(tasks):
 
     with override_settings(TASKS=tasks):
         assert [m.id for m in check_tasks_backend()] == ["django_jobstate.W003"]
+
+
+@pytest.mark.parametrize(
+    ("use_tz", "time_zone", "refused_on_sqlite"),
+    [
+        (False, "Europe/Paris", True),  # east of UTC
+        (False, "America/New_York", True),  # west of UTC
+        (False, "Europe/London", True),  # UTC in winter only
+        (False, "UTC", False),
+        (False, "Etc/UTC", False),
+        (True, "Europe/Paris", False),  # aware times: SQLite stores them as UTC
+    ],
+)
+def test_sqlite_with_naive_local_times_is_refused(use_tz, time_zone, refused_on_sqlite):
+    found = messages(USE_TZ=use_tz, TIME_ZONE=time_zone)
+
+    refused = refused_on_sqlite and connection.vendor == "sqlite"
+    assert [m.id for m in found] == (["django_jobstate.E006"] if refused else [])
+    if refused:
+        assert time_zone in found[0].msg
+        assert found[0].hint == 'Set USE_TZ = True (Django\'s default), or TIME_ZONE = "UTC".'
