@@ -25,6 +25,14 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def skewed_env(skew: float) -> dict[str, str]:
+    """Extra environment for a child process whose clock is `skew` seconds off."""
+    return {
+        "PYTHONPATH": str(ROOT / "tests" / "clock_skew"),
+        "JOBSTATE_TEST_CLOCK_SKEW": str(skew),
+    }
+
+
 class Runjobs:
     """Start `manage.py runjobs` processes against the test database; kill leftovers.
 
