@@ -19,7 +19,7 @@ from django.db import connections, router
 from django.utils.module_loading import import_string
 
 from .backend import JobStateBackend
-from .conf import Settings
+from .conf import LIMIT_NAMES, MAXIMUM, Settings
 
 DEFAULTS = {f.name: f.default for f in fields(Settings)}
 # The numeric settings, with the types each allows (int, float, None), read from its hint.
@@ -70,6 +70,14 @@ def _check_number(name: str, value: Any) -> CheckMessage | None:
         return Error(
             f"JOBSTATE_{name} must be {what} {unit}, not {value!r}.",
             hint=f"The default is {DEFAULTS[name]!r}.",
+            id="django_jobstate.E002",
+        )
+    if name in MAXIMUM and value > MAXIMUM[name]:
+        limit = MAXIMUM[name]
+        return Error(
+            f"JOBSTATE_{name} must be at most {limit:g} seconds ({LIMIT_NAMES[limit]}), "
+            f"not {value!r}.",
+            hint=f"The default is {DEFAULTS[name]!r}; a longer wait or delay would overflow.",
             id="django_jobstate.E002",
         )
     return None

@@ -46,6 +46,12 @@ def ids(**overrides):
         ({"JOBSTATE_DEFAULT_TIMEOUT": 0}, ["E002"]),
         ({"JOBSTATE_DEFAULT_BACKOFF": -1}, ["E002"]),
         ({"JOBSTATE_MAX_BACKOFF": -1}, ["E002"]),
+        ({"JOBSTATE_POLL_INTERVAL": 1e10}, ["E002"]),  # beyond a day: Event.wait overflows
+        ({"JOBSTATE_HEARTBEAT_INTERVAL": 86_401, "JOBSTATE_LOST_AFTER": 1e6}, ["E002"]),
+        ({"JOBSTATE_LOST_AFTER": 1e12}, ["E002"]),  # beyond a year: datetimes overflow
+        ({"JOBSTATE_MAX_BACKOFF": 1e12}, ["E002"]),
+        ({"JOBSTATE_DEFAULT_BACKOFF": 1e9, "JOBSTATE_MAX_BACKOFF": 1e9}, ["E002", "E002"]),
+        ({"JOBSTATE_DEFAULT_TIMEOUT": 1e9}, ["E002"]),
         ({"JOBSTATE_LOST_AFTER": "30"}, ["E004"]),
         ({"JOBSTATE_HEARTBEAT_INTERVAL": "5"}, ["E004"]),  # and no E001 comparing it
         ({"JOBSTATE_POLL_INTERVAL": None}, ["E004"]),
@@ -78,6 +84,12 @@ def test_each_check_fires_for_its_bad_setting(overrides, expected):
         {"JOBSTATE_DEFAULT_TIMEOUT": 60.5, "JOBSTATE_DEFAULT_MAX_ATTEMPTS": 1000},
         {"JOBSTATE_DEFAULT_BACKOFF": 0, "JOBSTATE_MAX_BACKOFF": 0},  # retry at once
         {"JOBSTATE_DEFAULT_BACKOFF": 60, "JOBSTATE_MAX_BACKOFF": 60},
+        {
+            "JOBSTATE_POLL_INTERVAL": 86_400,
+            "JOBSTATE_HEARTBEAT_INTERVAL": 86_400,
+            "JOBSTATE_LOST_AFTER": 3 * 86_400,
+        },
+        {"JOBSTATE_LOST_AFTER": 365 * 86_400, "JOBSTATE_MAX_BACKOFF": 365 * 86_400},
         {"TASKS": {**IMMEDIATE, "jobs": {"BACKEND": "tests.test_checks.CustomBackend"}}},
     ],
 )
@@ -115,6 +127,11 @@ def test_messages_say_what_and_how_to_fix():
 
     (error,) = messages(JOBSTATE_POLL_INTERVAL=0)
     assert error.msg == "JOBSTATE_POLL_INTERVAL must be a positive number of seconds, not 0."
+
+    (error,) = messages(JOBSTATE_MAX_BACKOFF=1e12)
+    assert error.msg == (
+        "JOBSTATE_MAX_BACKOFF must be at most 3.1536e+07 seconds (a year), not 1000000000000.0."
+    )
 
 
 def test_unknown_name_hint_suggests_the_closest_setting():
