@@ -18,7 +18,7 @@ from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 from django.utils.module_loading import import_string
 
-from .conf import get_settings
+from .conf import LIMIT_NAMES, YEAR, get_settings
 from .states import FailureReason, State
 
 if TYPE_CHECKING:
@@ -62,7 +62,9 @@ def load_task(path: str) -> Task:
     return obj
 
 
-def _check_option(task: Task, name: str, *, minimum: float, allow_none: bool = True) -> None:
+def _check_option(
+    task: Task, name: str, *, minimum: float, maximum: float | None = None, allow_none: bool = True
+) -> None:
     value = getattr(task, name, None)
     if value is None and allow_none:
         return
@@ -71,6 +73,12 @@ def _check_option(task: Task, name: str, *, minimum: float, allow_none: bool = T
         raise InvalidTask(
             f"{name} of task {task.module_path!r} must be a number of at least {minimum}, "
             f"not {value!r}."
+        )
+    if maximum is not None and value > maximum:  # type: ignore[operator]
+        # Beyond it, the datetime arithmetic of a retry or a deadline overflows.
+        raise InvalidTask(
+            f"{name} of task {task.module_path!r} must be at most {maximum:g} seconds "
+            f"({LIMIT_NAMES[maximum]}), not {value!r}."
         )
 
 
@@ -90,8 +98,8 @@ class JobStateBackend(BaseTaskBackend):
                 f"max_attempts of task {task.module_path!r} must be a whole number from 1 to "
                 f"1000, not {max_attempts!r}."
             )
-        _check_option(task, "backoff", minimum=0)
-        _check_option(task, "timeout", minimum=0.001)
+        _check_option(task, "backoff", minimum=0, maximum=YEAR)
+        _check_option(task, "timeout", minimum=0.001, maximum=YEAR)
         if not isinstance(getattr(task, "atomic", False), bool):
             raise InvalidTask(
                 f"atomic of task {task.module_path!r} must be True or False, not {task.atomic!r}."  # type: ignore[attr-defined]

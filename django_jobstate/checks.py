@@ -6,17 +6,20 @@ bad value (a string, a negative number) instead of crashing on it.
 
 import difflib
 import math
+import zoneinfo
 from dataclasses import fields
+from datetime import UTC, datetime, timedelta
 from typing import Any, get_args, get_type_hints
 
 from django.apps import apps
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, register
 from django.core.checks import Warning as CheckWarning
+from django.db import connections, router
 from django.utils.module_loading import import_string
 
 from .backend import JobStateBackend
-from .conf import Settings
+from .conf import LIMIT_NAMES, MAXIMUM, Settings
 
 DEFAULTS = {f.name: f.default for f in fields(Settings)}
 # The numeric settings, with the types each allows (int, float, None), read from its hint.
@@ -67,6 +70,14 @@ def _check_number(name: str, value: Any) -> CheckMessage | None:
         return Error(
             f"JOBSTATE_{name} must be {what} {unit}, not {value!r}.",
             hint=f"The default is {DEFAULTS[name]!r}.",
+            id="django_jobstate.E002",
+        )
+    if name in MAXIMUM and value > MAXIMUM[name]:
+        limit = MAXIMUM[name]
+        return Error(
+            f"JOBSTATE_{name} must be at most {limit:g} seconds ({LIMIT_NAMES[limit]}), "
+            f"not {value!r}.",
+            hint=f"The default is {DEFAULTS[name]!r}; a longer wait or delay would overflow.",
             id="django_jobstate.E002",
         )
     return None
@@ -150,4 +161,41 @@ def check_tasks_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             f"django_jobstate from INSTALLED_APPS.",
             id="django_jobstate.W003",
         )
+    ]
+
+
+def _is_utc(name: str) -> bool:
+    """Whether the zone `name` is UTC all year (in winter and in summer)."""
+    try:
+        zone = zoneinfo.ZoneInfo(name)
+    except (zoneinfo.ZoneInfoNotFoundError, ValueError):
+        return False  # Django refuses an unknown TIME_ZONE itself
+    year = datetime.now(UTC).year
+    return all(
+        datetime(year, month, 1, tzinfo=zone).utcoffset() == timedelta(0) for month in (1, 7)
+    )
+
+
+@register()
+def check_sqlite_time_zone(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """SQLite with naive local times: refuse what the app cannot compare correctly.
+
+    With USE_TZ = False, Django writes local naive times, while SQLite's clock (the
+    database's "now" in rescue_lost(), Run now, prune, ...) is UTC: east of UTC a lost
+    worker's attempt would never be rescued, west of it fresh rows would be pruned.
+    """
+    if not apps.is_installed("django_jobstate") or settings.USE_TZ or _is_utc(settings.TIME_ZONE):
+        return []
+    from .models import Job
+
+    return [
+        Error(
+            f"DATABASES[{alias!r}] is SQLite, and USE_TZ = False with TIME_ZONE = "
+            f"{settings.TIME_ZONE!r}: django_jobstate would compare local times with "
+            f"SQLite's clock, which is UTC (lost workers never rescued, fresh jobs pruned).",
+            hint='Set USE_TZ = True (Django\'s default), or TIME_ZONE = "UTC".',
+            id="django_jobstate.E006",
+        )
+        for alias in connections
+        if connections[alias].vendor == "sqlite" and router.allow_migrate_model(alias, Job)
     ]

@@ -25,16 +25,47 @@ class Settings:
     MAX_BACKOFF: float = 3600.0
 
 
+DAY = 86_400.0
+YEAR = 365 * DAY
+# The largest value of each setting in seconds. Beyond it a wait overflows
+# (threading.Event.wait refuses more than about 292 years), and so does the datetime
+# arithmetic of a deadline (Python's year 9999, PostgreSQL's timestamp range): a crash
+# loop of the worker, and of the supervisor. Waits are at most a day (a worker that polls
+# or heartbeats less often is no worker); backoffs, timeouts and lost-after at most a year.
+# checks.py reports a larger value, @task options and runjobs' options refuse it, and
+# get_settings() clamps it.
+MAXIMUM = {
+    "HEARTBEAT_INTERVAL": DAY,
+    "POLL_INTERVAL": DAY,
+    "LOST_AFTER": YEAR,
+    "DEFAULT_BACKOFF": YEAR,
+    "DEFAULT_TIMEOUT": YEAR,
+    "MAX_BACKOFF": YEAR,
+}
+LIMIT_NAMES = {DAY: "a day", YEAR: "a year"}
+
+
 @functools.cache
 def get_settings() -> Settings:
     """The JOBSTATE_* settings; read once, again after a setting_changed signal (tests)."""
     return Settings(
         **{
-            f.name: getattr(django_settings, f"JOBSTATE_{f.name}")
+            f.name: _bounded(f.name, getattr(django_settings, f"JOBSTATE_{f.name}"))
             for f in fields(Settings)
             if hasattr(django_settings, f"JOBSTATE_{f.name}")
         }
     )
+
+
+def _bounded(name: str, value: Any) -> Any:
+    """Clamp a number above its MAXIMUM (NaN included), the last defence against a crash.
+
+    Anything else is left as it is, for the system checks to report.
+    """
+    limit = MAXIMUM.get(name)
+    if limit is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return value
+    return value if value <= limit else limit
 
 
 def reload_settings(*, setting: str, **kwargs: Any) -> None:

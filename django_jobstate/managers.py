@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Exists
+from django.db.models.expressions import RawSQL
 from django.db.models.fields import NOT_PROVIDED
 from django.db.models.functions import Now
 from django.utils import timezone
@@ -97,21 +98,37 @@ def claim_key(job: Job) -> ClaimKey:
     return (-job.priority, job.run_after, job.pk)
 
 
-def _now_sql(connection: BaseDatabaseWrapper) -> tuple[str, list[Any]]:
-    """SQL for "now" in a conditional write, and its parameters.
+def _now_sql(connection: BaseDatabaseWrapper, delay: float = 0.0) -> tuple[str, list[Any]]:
+    """SQL for "now" (plus `delay` seconds) in a write, and its parameters.
 
-    PostgreSQL: the database clock, so a worker whose clock is off cannot run a job early.
-    SQLite: this process's clock, as SQLite's has only milliseconds and run_after has
+    Every time the claim compares (run_after, and the enqueued_at beside it) is written
+    with this, never with the writing process's clock: on PostgreSQL it is the database
+    clock, so a worker whose clock is behind cannot skip a retry's backoff and a web
+    process whose clock is ahead cannot enqueue jobs that wait for the database to catch
+    up. SQLite: this process's clock, as SQLite's has only milliseconds and run_after has
     microseconds (a job due now would wait); SQLite is one machine with one clock.
     """
     if connection.vendor == "postgresql":
+        if delay:
+            return "(STATEMENT_TIMESTAMP() + %s)", [timedelta(seconds=delay)]
         return "STATEMENT_TIMESTAMP()", []
-    return "%s", [connection.ops.adapt_datetimefield_value(timezone.now())]
+    now = timezone.now() + timedelta(seconds=delay)
+    return "%s", [connection.ops.adapt_datetimefield_value(now)]
+
+
+def _from_db(connection: BaseDatabaseWrapper, field: models.Field[Any, Any], value: Any) -> Any:
+    """A value of `field` read with a raw cursor, as the ORM would give it (SQLite: text)."""
+    column = field.get_col(field.model._meta.db_table)
+    for convert in connection.ops.get_db_converters(column) + field.get_db_converters(connection):
+        value = convert(value, column, connection)
+    return value
 
 
 # enqueue_many(): calls per INSERT, and the fields that differ between its rows.
 ENQUEUE_CHUNK = 5000
 _PER_CALL = ("result_id", "args", "kwargs")
+# The times an INSERT takes from _now_sql() when not given, and reads back.
+_CLOCKED = ("run_after", "enqueued_at")
 
 
 # A module-level name, so that django-stubs types the manager's queryset methods.
@@ -150,18 +167,18 @@ class JobManager(_JobManagerBase["Job"]):
         profile showed was most of an enqueue's time). On PostgreSQL, the INSERT also
         wakes listening workers (wakeup.py).
         """
-        now = timezone.now()
+        # Without run_after (and enqueued_at), the INSERT takes them from its clock.
         template = self.model(
             task_path=task_path,
             queue_name=queue_name,
             priority=priority,
-            run_after=run_after or now,
-            enqueued_at=now,
             backend=backend,
             max_attempts=max_attempts,
             backoff=backoff,
             timeout=timeout,
         )
+        if run_after is not None:
+            template.run_after = run_after
         rows = [
             (
                 uuid7(),
@@ -184,21 +201,24 @@ class JobManager(_JobManagerBase["Job"]):
         with transaction.atomic(using=db) if len(chunks) > 1 else contextlib.nullcontext():
             for start in chunks:
                 chunk = rows[start : start + ENQUEUE_CHUNK]
-                ids = self._insert(db, template, chunk)
+                ids, times = self._insert(db, template, chunk)
                 for job in jobs[start : start + ENQUEUE_CHUNK]:
                     job.pk = ids[job.result_id.hex]
+                    job.run_after, job.enqueued_at = times
         return jobs
 
     def _insert(
         self, db: str, template: Job, rows: list[tuple[uuid.UUID, Any, str, Any, str]]
-    ) -> dict[str, int]:
+    ) -> tuple[dict[str, int], tuple[datetime, datetime]]:
         """INSERT `rows` (result_id, args, args JSON, kwargs, kwargs JSON) like `template`.
 
-        Returns {result_id hex: id}. One row is a plain INSERT ... VALUES, which PostgreSQL
+        Returns {result_id hex: id}, and the run_after and enqueued_at stored (the same for
+        every row of one statement). One row is a plain INSERT ... VALUES, which PostgreSQL
         plans faster; several are selected from one JSON array of [result_id, args, kwargs].
         """
         connection = connections[db]
         qn = connection.ops.quote_name
+        now, now_params = _now_sql(connection)
         per_call: dict[str, tuple[str, list[Any]]]
         if len(rows) == 1:
             [(result_id, _, args, _, kwargs)] = rows
@@ -222,6 +242,8 @@ class JobManager(_JobManagerBase["Job"]):
             value = getattr(template, field.attname)
             if field.attname in per_call:
                 expr, expr_params = per_call[field.attname]
+            elif field.attname in _CLOCKED and value is None:
+                expr, expr_params = now, now_params
             elif value is None or (
                 field.db_default is not NOT_PROVIDED and value == field.db_default
             ):
@@ -236,7 +258,7 @@ class JobManager(_JobManagerBase["Job"]):
             if source
             else f"VALUES ({', '.join(selected)})"
         )
-        returning = f"{qn('id')}, {qn('result_id')}"
+        returning = ", ".join(qn(name) for name in ("id", "result_id", *_CLOCKED))
         if connection.vendor == "postgresql":
             # Wake listening workers when this commits (wakeup.py). Per row, but PostgreSQL
             # sends one notification per transaction for identical ones.
@@ -247,8 +269,13 @@ class JobManager(_JobManagerBase["Job"]):
         )
         with connection.cursor() as cursor:
             cursor.execute(sql, [*params, *source_params])
-            # result_id reads back as a UUID on PostgreSQL, as its hex on SQLite.
-            return {getattr(r, "hex", r): pk for pk, r, *_ in cursor.fetchall()}
+            returned = cursor.fetchall()
+        meta = self.model._meta
+        times = returned[0][2:]
+        run_after = _from_db(connection, meta.get_field("run_after"), times[0])
+        enqueued_at = _from_db(connection, meta.get_field("enqueued_at"), times[1])
+        # result_id reads back as a UUID on PostgreSQL, as its hex on SQLite.
+        return {getattr(r, "hex", r): pk for pk, r, *_ in returned}, (run_after, enqueued_at)
 
     def claim(
         self,
@@ -384,17 +411,26 @@ class JobManager(_JobManagerBase["Job"]):
             if job.attempt >= job.max_attempts:
                 return None
             delay = backoff_delay(job.backoff, job.attempt)
-            return self.retry(job, run_after=timezone.now() + timedelta(seconds=delay))
+            return self.retry(job, delay=delay)
 
     def retry(
-        self, job: Job, *, run_after: datetime | None = None, max_attempts: int | None = None
+        self,
+        job: Job,
+        *,
+        run_after: datetime | None = None,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
     ) -> Job:
-        """Create the next attempt of a failed `job`; the failed row stays as it is."""
+        """Create the next attempt of a failed `job`; the failed row stays as it is.
+
+        It runs at `run_after`, or else `delay` seconds from now by the INSERT's clock.
+        """
         if job.state != State.FAILED:
             raise LostRace(f"Only a failed attempt can be retried; job {job.pk} is {job.state}.")
-        now = timezone.now()
         db = job._state.db or router.db_for_write(self.model)
         connection = connections[db]
+        now = RawSQL(*_now_sql(connection), output_field=models.DateTimeField())
+        due = RawSQL(*_now_sql(connection, delay), output_field=models.DateTimeField())
         try:
             with transaction.atomic(using=db):
                 next_attempt = self.create(
@@ -407,13 +443,14 @@ class JobManager(_JobManagerBase["Job"]):
                     backend=job.backend,
                     queue_name=job.queue_name,
                     priority=job.priority,
-                    run_after=run_after or now,
+                    run_after=run_after or due,
                     enqueued_at=now,
                     max_attempts=job.max_attempts if max_attempts is None else max_attempts,
                     backoff=job.backoff,
                     timeout=job.timeout,
                 )
-                if connection.vendor == "postgresql" and next_attempt.run_after <= now:
+                due_now = next_attempt.run_after <= next_attempt.enqueued_at
+                if connection.vendor == "postgresql" and due_now:
                     with connection.cursor() as cursor:  # due at once: wake a worker
                         cursor.execute(f"SELECT {NOTIFY}")
                 return next_attempt

@@ -25,6 +25,14 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def skewed_env(skew: float) -> dict[str, str]:
+    """Extra environment for a child process whose clock is `skew` seconds off."""
+    return {
+        "PYTHONPATH": str(ROOT / "tests" / "clock_skew"),
+        "JOBSTATE_TEST_CLOCK_SKEW": str(skew),
+    }
+
+
 class Runjobs:
     """Start `manage.py runjobs` processes against the test database; kill leftovers.
 
@@ -69,6 +77,25 @@ class Runjobs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def keep_a_worker_writing(runjobs: Runjobs, jobs: int = 3000) -> None:
+    """Start runjobs on a backlog of short jobs, so that it commits every few milliseconds.
+
+    Only the "default" queue: jobs of the other queues stay queued for the test to use.
+    """
+    from django_jobstate.backend import JobStateBackend
+    from django_jobstate.models import Job
+    from django_jobstate.states import State
+    from tests import tasks
+
+    backend = JobStateBackend("default", {})
+    backend.bulk_enqueue(tasks.sleep_then_record, [((f"busy-{i}", 0.002), {}) for i in range(jobs)])
+    runjobs.start("--queue", "default")
+    deadline = time.monotonic() + 30
+    while not Job.objects.filter(state=State.SUCCEEDED).exists():
+        assert time.monotonic() < deadline, "the worker never started"
+        time.sleep(0.05)
 
 
 def run_racers(commands: list[list[str]]) -> list[object]:

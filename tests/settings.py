@@ -4,6 +4,7 @@ Worker subprocesses started by the tests use these settings too; they read the t
 database's name from JOBSTATE_TEST_DB_NAME, which the tests set for them.
 """
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -89,6 +90,9 @@ JOBSTATE_POLL_INTERVAL = 0.05
 # loaded CI machine to miss a few heartbeats without a live worker being taken for lost.
 JOBSTATE_HEARTBEAT_INTERVAL = 0.25
 JOBSTATE_LOST_AFTER = 3.0
+
+# Extra settings for a worker subprocess, as JSON (tests of out-of-range values).
+globals().update(json.loads(os.environ.get("JOBSTATE_TEST_SETTINGS", "{}")))
 
 LOGGING = {
     "version": 1,

@@ -138,3 +138,9 @@ def returns_after_its_timeout(label: str) -> str:
     Execution.objects.create(label=label)
     time.sleep(1.0)
     return label
+
+
+@task(max_attempts=2, backoff=600)
+def fails_with_a_long_backoff(label: str) -> None:
+    """Its retry waits 300 to 600 seconds: long enough to see it was not skipped."""
+    raise ValueError(label)

@@ -7,7 +7,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
-from django.db import connection
+from django.db import OperationalError, connection
 from django.db.models.signals import pre_delete
 from django.forms.models import model_to_dict
 from django.test import Client
@@ -19,6 +19,8 @@ from django_jobstate import admin_filters
 from django_jobstate.exceptions import LostRace
 from django_jobstate.models import Job
 from django_jobstate.states import State
+from tests import tasks
+from tests.conftest import keep_a_worker_writing
 from tests.factories import JobFactory
 
 pytestmark = pytest.mark.django_db
@@ -595,3 +597,27 @@ def test_succeeded_job_page_shows_the_return_value_and_no_error_section(client):
     assert "&quot;sent&quot;: 3" in html
     assert "jobstate-traceback" not in html
     assert 'class="fieldset-heading">Error</h2>' not in html
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_cancel_page_beside_a_running_worker_never_fails(client, runjobs):
+    """The delete view reads the job, then deletes it, in one transaction: on SQLite that
+    must wait for the worker's commits, not fail with "database is locked" (a 500)."""
+    login(client, "view", "delete")
+    keep_a_worker_writing(runjobs)
+    jobs = [tasks.email.enqueue(f"user{i}@example.com") for i in range(50)]  # not run
+    failures = []
+    for result in jobs:
+        job = Job.objects.get(result_id=result.id)
+        try:
+            response = client.post(delete_url(job), {"post": "yes"})
+        except OperationalError as exc:
+            failures.append(str(exc))
+        else:
+            assert response.status_code == 302
+    busy = Job.objects.filter(task_path__endswith="sleep_then_record", state=State.QUEUED)
+
+    assert busy.exists(), "the worker finished before the cancels did: no contention"
+    assert failures == [], f"{len(failures)} of {len(jobs)} cancels failed: {failures[0]}"
+    assert not Job.objects.filter(queue_name="emails").exists()

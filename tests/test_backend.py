@@ -321,6 +321,11 @@ def test_a_task_defined_in_a_function_is_refused():
         ({"timeout": 0}, "timeout .* not 0"),
         ({"timeout": "5"}, "timeout .* not '5'"),
         ({"max_attempts": 40_000}, "max_attempts .* from 1 to 1000, not 40000"),
+        (
+            {"backoff": 1e12},
+            r"backoff .* at most 3.1536e\+07 seconds \(a year\), not 1000000000000.0",
+        ),
+        ({"timeout": 366 * 86_400}, r"timeout .* at most 3.1536e\+07 seconds \(a year\)"),
     ],
 )
 def test_invalid_options_are_refused_when_the_task_is_defined(options, message):

@@ -8,6 +8,7 @@ from django.conf import settings
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
+from django.db import connection
 from django.test import override_settings
 
 from django_jobstate.backend import JobStateBackend
@@ -45,6 +46,12 @@ def ids(**overrides):
         ({"JOBSTATE_DEFAULT_TIMEOUT": 0}, ["E002"]),
         ({"JOBSTATE_DEFAULT_BACKOFF": -1}, ["E002"]),
         ({"JOBSTATE_MAX_BACKOFF": -1}, ["E002"]),
+        ({"JOBSTATE_POLL_INTERVAL": 1e10}, ["E002"]),  # beyond a day: Event.wait overflows
+        ({"JOBSTATE_HEARTBEAT_INTERVAL": 86_401, "JOBSTATE_LOST_AFTER": 1e6}, ["E002"]),
+        ({"JOBSTATE_LOST_AFTER": 1e12}, ["E002"]),  # beyond a year: datetimes overflow
+        ({"JOBSTATE_MAX_BACKOFF": 1e12}, ["E002"]),
+        ({"JOBSTATE_DEFAULT_BACKOFF": 1e9, "JOBSTATE_MAX_BACKOFF": 1e9}, ["E002", "E002"]),
+        ({"JOBSTATE_DEFAULT_TIMEOUT": 1e9}, ["E002"]),
         ({"JOBSTATE_LOST_AFTER": "30"}, ["E004"]),
         ({"JOBSTATE_HEARTBEAT_INTERVAL": "5"}, ["E004"]),  # and no E001 comparing it
         ({"JOBSTATE_POLL_INTERVAL": None}, ["E004"]),
@@ -77,6 +84,12 @@ def test_each_check_fires_for_its_bad_setting(overrides, expected):
         {"JOBSTATE_DEFAULT_TIMEOUT": 60.5, "JOBSTATE_DEFAULT_MAX_ATTEMPTS": 1000},
         {"JOBSTATE_DEFAULT_BACKOFF": 0, "JOBSTATE_MAX_BACKOFF": 0},  # retry at once
         {"JOBSTATE_DEFAULT_BACKOFF": 60, "JOBSTATE_MAX_BACKOFF": 60},
+        {
+            "JOBSTATE_POLL_INTERVAL": 86_400,
+            "JOBSTATE_HEARTBEAT_INTERVAL": 86_400,
+            "JOBSTATE_LOST_AFTER": 3 * 86_400,
+        },
+        {"JOBSTATE_LOST_AFTER": 365 * 86_400, "JOBSTATE_MAX_BACKOFF": 365 * 86_400},
         {"TASKS": {**IMMEDIATE, "jobs": {"BACKEND": "tests.test_checks.CustomBackend"}}},
     ],
 )
@@ -114,6 +127,11 @@ def test_messages_say_what_and_how_to_fix():
 
     (error,) = messages(JOBSTATE_POLL_INTERVAL=0)
     assert error.msg == "JOBSTATE_POLL_INTERVAL must be a positive number of seconds, not 0."
+
+    (error,) = messages(JOBSTATE_MAX_BACKOFF=1e12)
+    assert error.msg == (
+        "JOBSTATE_MAX_BACKOFF must be at most 3.1536e+07 seconds (a year), not 1000000000000.0."
+    )
 
 
 def test_unknown_name_hint_suggests_the_closest_setting():
@@ -159,3 +177,24 @@ def test_backend_check_survives_a_malformed_tasks_setting(tasks):
 
     with override_settings(TASKS=tasks):
         assert [m.id for m in check_tasks_backend()] == ["django_jobstate.W003"]
+
+
+@pytest.mark.parametrize(
+    ("use_tz", "time_zone", "refused_on_sqlite"),
+    [
+        (False, "Europe/Paris", True),  # east of UTC
+        (False, "America/New_York", True),  # west of UTC
+        (False, "Europe/London", True),  # UTC in winter only
+        (False, "UTC", False),
+        (False, "Etc/UTC", False),
+        (True, "Europe/Paris", False),  # aware times: SQLite stores them as UTC
+    ],
+)
+def test_sqlite_with_naive_local_times_is_refused(use_tz, time_zone, refused_on_sqlite):
+    found = messages(USE_TZ=use_tz, TIME_ZONE=time_zone)
+
+    refused = refused_on_sqlite and connection.vendor == "sqlite"
+    assert [m.id for m in found] == (["django_jobstate.E006"] if refused else [])
+    if refused:
+        assert time_zone in found[0].msg
+        assert found[0].hint == 'Set USE_TZ = True (Django\'s default), or TIME_ZONE = "UTC".'

@@ -2,8 +2,11 @@
 
 import contextlib
 import itertools
+import json
+import subprocess
+import sys
 import time
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection, transaction
@@ -15,7 +18,10 @@ from django_jobstate.managers import claim_key
 from django_jobstate.models import Job
 from django_jobstate.states import TRANSITIONS, FailureReason, InvalidTransition, State
 from django_jobstate.wakeup import CHANNEL
+from tests import tasks
+from tests.conftest import ROOT, skewed_env, subprocess_env
 from tests.factories import JobFactory
+from tests.models import Execution
 
 pytestmark = pytest.mark.django_db
 
@@ -282,3 +288,79 @@ def test_result_ids_are_time_ordered_uuids():
     assert {job.result_id.version for job in [first, *later]} == {7}
     assert all(first.result_id < job.result_id for job in later)
     assert len({job.result_id for job in later}) == 50
+
+
+# Clocks. On PostgreSQL every time the claim compares comes from the database clock, so a
+# process whose clock is off changes nothing; the tests skew a real subprocess's clock
+# (tests/clock_skew/sitecustomize.py). SQLite is one machine with one clock (the app's):
+# there, only the unskewed case applies.
+SKEWS = [0] + ([-3600, 3600] if connection.vendor == "postgresql" else [])
+
+ENQUEUE = """
+import json
+from django.tasks import task_backends
+from tests import tasks
+one = tasks.record.enqueue("one")
+many = task_backends["default"].bulk_enqueue(tasks.record, [(["two"], {}), (["three"], {})])
+print(json.dumps([[r.id, r.enqueued_at.isoformat()] for r in [one, *many]]))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("skew", SKEWS)
+def test_a_retry_waits_its_backoff_whatever_the_worker_clock(runjobs, skew):
+    tasks.fails_with_a_long_backoff.enqueue("retried later")
+
+    done = runjobs.run("--burst", **skewed_env(skew))
+
+    assert done.returncode == 0, done.stdout
+    first, retry = Job.objects.order_by("attempt")
+    assert (first.state, retry.state) == (State.FAILED, State.QUEUED)  # not run at once
+    wait = (retry.run_after - first.finished_at).total_seconds()
+    assert 300 - 1 <= wait <= 600 + 1  # backoff 600, jittered to half of it at least
+    assert abs((retry.enqueued_at - first.finished_at).total_seconds()) < 1
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("skew", SKEWS)
+def test_a_job_enqueued_by_a_process_with_any_clock_runs_at_once(runjobs, skew):
+    enqueuer = subprocess.run(
+        [sys.executable, "manage.py", "shell", "-c", ENQUEUE],
+        cwd=ROOT,
+        env=subprocess_env(**skewed_env(skew)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert enqueuer.returncode == 0, enqueuer.stderr
+    printed = json.loads(enqueuer.stdout.splitlines()[-1])  # after shell's own output
+    returned = {id: datetime.fromisoformat(at) for id, at in printed}
+    stored = {str(job.result_id): job for job in Job.objects.all()}
+
+    # The TaskResults carry the times stored, and those are the database's "now".
+    assert returned == {id: job.enqueued_at for id, job in stored.items()}
+    for job in stored.values():
+        assert job.run_after == job.enqueued_at
+        assert abs(job.enqueued_at - timezone.now()) < timedelta(seconds=30)
+    done = runjobs.run("--burst")
+    assert done.returncode == 0, done.stdout
+    assert sorted(Execution.objects.values_list("label", flat=True)) == ["one", "three", "two"]
+
+
+def test_enqueue_returns_the_times_it_stored():
+    explicit = timezone.now() + timedelta(hours=1)
+    jobs = [
+        Job.objects.enqueue("tests.tasks.record", ["x"]),
+        *Job.objects.enqueue_many("tests.tasks.record", [(["y"], {})] * 2),
+        Job.objects.enqueue("tests.tasks.record", ["z"], run_after=explicit),
+    ]
+    stored = Job.objects.in_bulk([job.pk for job in jobs])
+
+    for job in jobs:
+        assert (job.run_after, job.enqueued_at) == (
+            stored[job.pk].run_after,
+            stored[job.pk].enqueued_at,
+        )
+    assert jobs[-1].run_after == explicit  # an explicit run_after stays as given

@@ -1,10 +1,12 @@
 """`manage.py runjobs` as a real process: run, stop gracefully, stop at once, bad arguments."""
 
+import json
 import os
 import signal
 import subprocess
 import time
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
@@ -118,6 +120,7 @@ def test_a_second_signal_stops_at_once_and_fails_the_attempts_as_interrupted(run
         (["--max-jobs", "many"], "is not a whole number"),
         (["--poll-interval", "-1"], "must be a positive number of seconds"),
         (["--poll-interval", "soon"], "is not a number of seconds"),
+        (["--poll-interval", "1e10"], "must be at most 86400 seconds (a day), not 1e10"),
         (["--queue", ""], "a queue name cannot be empty"),
         (["--concurrency", "0"], "must be at least 1"),
     ],
@@ -128,6 +131,29 @@ def test_bad_arguments_exit_2_with_a_clear_message(runjobs, args, message):
     assert done.returncode == 2
     assert message in done.stdout
     assert Job.objects.queued().count() == 1
+
+
+def test_settings_out_of_range_cannot_crash_a_worker(runjobs):
+    """Checks skipped, every wait and delay far too long: get_settings() clamps them.
+
+    Unclamped, the watchdog's wait overflows, and so does the retry's run_after (the
+    worker dies, then the supervisor, leaving the attempt running).
+    """
+    job = Job.objects.enqueue("tests.tasks.boom", max_attempts=2, backoff=1e12)  # as if old
+    huge = {
+        "JOBSTATE_POLL_INTERVAL": 1e10,
+        "JOBSTATE_HEARTBEAT_INTERVAL": 1e10,
+        "JOBSTATE_LOST_AFTER": 1e12,
+        "JOBSTATE_MAX_BACKOFF": 1e12,
+    }
+
+    done = runjobs.run("--burst", "--skip-checks", JOBSTATE_TEST_SETTINGS=json.dumps(huge))
+
+    assert done.returncode == 0, done.stdout
+    assert "Traceback" not in done.stdout, done.stdout
+    first, retry = Job.objects.filter(result_id=job.result_id).order_by("attempt")
+    assert (first.state, first.failure_reason, retry.state) == ("failed", "error", "queued")
+    assert retry.run_after - first.finished_at <= timedelta(days=365)  # the clamped cap
 
 
 def test_concurrency_runs_that_many_jobs_at_once(runjobs):

@@ -2,6 +2,8 @@
 
 import argparse
 
+from django_jobstate.conf import DAY
+
 
 def positive_int(text: str) -> int:
     try:
@@ -14,12 +16,15 @@ def positive_int(text: str) -> int:
 
 
 def positive_float(text: str) -> float:
+    """A wait in seconds: positive, and at most a day (a longer wait overflows, see conf)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
     if not value > 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, not {text}")
+    if value > DAY:
+        raise argparse.ArgumentTypeError(f"must be at most {DAY:g} seconds (a day), not {text}")
     return value
 
 
