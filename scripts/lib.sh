@@ -238,6 +238,9 @@ _pg_as_owner() {
 # PGHOST PGPORT PGUSER PGDATABASE JOBSTATE_PG_DIR JOBSTATE_PG_CTL JOBSTATE_PG_LOG.
 # Callers must `trap pg_stop EXIT` *before* calling it, so a half-started
 # cluster is cleaned up too.
+# It listens on 127.0.0.1 only, unless JOBSTATE_PG_EXTRA_LISTEN names one more
+# address (and JOBSTATE_PG_EXTRA_HBA the network trusted to connect there): the
+# partition test runs it inside a network namespace whose veth has that address.
 pg_start() {
     local bindir owner="" tmp port attempt locale_opt=(--no-locale) i
     if ! bindir=$(pg_bindir); then
@@ -280,9 +283,17 @@ pg_start() {
         return 1
     fi
 
+    local extra_listen=${JOBSTATE_PG_EXTRA_LISTEN:-} extra_hba=${JOBSTATE_PG_EXTRA_HBA:-}
+    if [[ -n $extra_listen$extra_hba && (-z $extra_listen || -z $extra_hba) ]]; then
+        _err "set both JOBSTATE_PG_EXTRA_LISTEN (an address) and JOBSTATE_PG_EXTRA_HBA (a CIDR)"
+        return 1
+    fi
+    if [[ -n $extra_hba ]]; then
+        echo "host all all $extra_hba trust" >>"$tmp/data/pg_hba.conf" || return 1
+    fi
     {
         echo "# Added by scripts/lib.sh pg_start"
-        echo "listen_addresses = '127.0.0.1'"
+        echo "listen_addresses = '127.0.0.1${extra_listen:+,$extra_listen}'"
         echo "unix_socket_directories = '$tmp'"
         echo "max_connections = 200"
         if [[ ${PG_DURABLE:-} != 1 ]]; then

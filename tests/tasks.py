@@ -1,6 +1,8 @@
 """Tasks the tests enqueue. Each one that runs records itself in the Execution table."""
 
+import os
 import time
+from pathlib import Path
 
 from django.tasks import TaskContext, task
 
@@ -144,3 +146,20 @@ def returns_after_its_timeout(label: str) -> str:
 def fails_with_a_long_backoff(label: str) -> None:
     """Its retry waits 300 to 600 seconds: long enough to see it was not skipped."""
     raise ValueError(label)
+
+
+@task(takes_context=True, max_attempts=2, backoff=0)
+def marks_its_body(context: TaskContext, label: str, seconds: float) -> int:
+    """Mark the start and the end of each body in files, outside the database.
+
+    A worker cut off from the database still leaves them, so they count executions on
+    every host. The names say which host ran it (JOBSTATE_TEST_HOST) and which process;
+    the first attempt sleeps `seconds` in between.
+    """
+    marks = Path(os.environ["JOBSTATE_TEST_MARKS"])
+    name = f"{label}.{context.attempt}.{os.environ['JOBSTATE_TEST_HOST']}.{os.getpid()}"
+    (marks / f"{name}.start").touch(exist_ok=False)
+    if context.attempt == 1:
+        time.sleep(seconds)
+    (marks / f"{name}.finish").touch(exist_ok=False)
+    return context.attempt

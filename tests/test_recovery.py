@@ -22,9 +22,7 @@ from tests.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-# A lost worker is rescued within the lost-after window plus one heartbeat of the rescuer;
-# the margin absorbs process start-up and a loaded machine.
-RESCUE_BOUND = settings.JOBSTATE_LOST_AFTER + settings.JOBSTATE_HEARTBEAT_INTERVAL + 2.0
+LOST_AFTER = timedelta(seconds=settings.JOBSTATE_LOST_AFTER)
 
 
 def wait_for(predicate, timeout=60.0):
@@ -49,19 +47,19 @@ def test_sigkilled_runjobs_attempt_is_rescued_as_lost_and_retried_once(runjobs):
     wait_for(lambda: Execution.objects.filter(label="k:1").exists())
 
     os.killpg(first.pid, signal.SIGKILL)  # the supervisor and its worker, mid-attempt
-    killed_at = time.monotonic()
+    worker_id = Job.objects.get(result_id=result.id).worker_id
+    last_heard = WorkerHeartbeat.objects.get(worker_id=worker_id).last_seen  # no beat after
     runjobs.start()
 
-    wait_for(lambda: Job.objects.filter(result_id=result.id, state=State.FAILED).exists())
-    rescue_took = time.monotonic() - killed_at
+    # However loaded the machine, the rescue must come, and never early (database clock).
     wait_for(lambda: tasks.sleeps_on_first_attempt.get_result(result.id).is_finished)
 
     lost, retry = attempts(result)
     assert (lost.state, lost.failure_reason) == (State.FAILED, FailureReason.LOST)
     assert lost.error_class == "django_jobstate.exceptions.WorkerLost"
+    assert lost.finished_at >= last_heard + LOST_AFTER
     assert (retry.state, retry.attempt, retry.return_value) == (State.SUCCEEDED, 2, 2)
     assert executions() == ["k:1", "k:2"]  # the body ran once per attempt
-    assert rescue_took < RESCUE_BOUND
 
 
 def test_paused_worker_is_rescued_and_its_late_success_refused(runjobs):
@@ -78,7 +76,8 @@ def test_paused_worker_is_rescued_and_its_late_success_refused(runjobs):
     finally:
         os.kill(child_pid, signal.SIGCONT)
     # The resumed worker finishes its sleep, tries to record success, and is refused.
-    time.sleep(1.0)
+    first = Job.objects.get(result_id=result.id, attempt=1)
+    wait_for(lambda: f"outcome of job {first.pk} discarded" in runjobs.output(paused))
     out = runjobs.stop(paused)
 
     lost, retry = attempts(result)
@@ -100,15 +99,13 @@ def test_killed_worker_process_is_failed_at_once_by_its_supervisor(runjobs):
     child_pid = WorkerHeartbeat.objects.get(worker_id=job.worker_id).pid
 
     os.kill(child_pid, signal.SIGKILL)
-    killed_at = time.monotonic()
     wait_for(lambda: tasks.sleeps_on_first_attempt.get_result(result.id).is_finished)
-    took = time.monotonic() - killed_at
 
     lost, retry = attempts(result)
     assert (lost.failure_reason, retry.state) == (FailureReason.LOST, State.SUCCEEDED)
+    # Failed by the supervisor that saw it die (a rescuer's message would say "no heartbeat").
     assert "killed by SIGKILL" in lost.error_message
     assert retry.worker_id != lost.worker_id  # a new worker process replaced the dead one
-    assert took < settings.JOBSTATE_LOST_AFTER, "failed by the supervisor, not the lost window"
     runjobs.stop(supervisor)
     assert supervisor.returncode == 0
 
@@ -148,8 +145,8 @@ def test_busy_loop_past_its_timeout_is_stopped_failed_and_retried(runjobs):
         (1, FailureReason.TIMEOUT),
         (2, FailureReason.TIMEOUT),
     ]
-    for job in rows:
-        assert timedelta(seconds=1) <= job.duration < timedelta(seconds=1 + 2.0)
+    for job in rows:  # stopped, not before its timeout (how long after depends on the load)
+        assert job.duration >= timedelta(seconds=1)
     assert executions() == ["spin", "spin"]
 
 
@@ -161,6 +158,8 @@ def test_the_retry_waits_for_its_backoff(runjobs):
 
     failed, retry = attempts(result)
     assert retry.state == State.SUCCEEDED
-    # backoff=2: the delay is jittered between 1 and 2 seconds, and nothing runs early.
-    assert timedelta(seconds=1) <= retry.run_after - failed.finished_at <= timedelta(seconds=2.1)
+    # backoff=2: the delay is jittered between 1 and 2 seconds, and nothing runs early. The
+    # delay is added to a time after the failure and before the retry's enqueued_at.
+    assert retry.run_after - failed.finished_at >= timedelta(seconds=1)
+    assert retry.run_after - retry.enqueued_at <= timedelta(seconds=2)
     assert retry.started_at >= retry.run_after

@@ -17,11 +17,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.conf import settings
 from django.db import connection, connections, transaction
+from django.utils import timezone
 
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import FailureReason, State
@@ -141,17 +143,20 @@ def test_a_timeout_that_falls_in_a_database_outage_still_stops_the_attempt(
     runjobs.start()
     result = tasks.busy_loop.enqueue("spin")  # timeout=1
     wait_for(lambda: Execution.objects.exists())
-    time.sleep(0.5)
+    first = Job.objects.filter(result_id=result.id, attempt=1)
+    deadline = first.get().started_at + timedelta(seconds=1)  # same host: the database's clock
+    outage_from = timezone.now()
     subprocess.run([pg_ctl, "stop", "-m", "fast", "-w"], check=True, capture_output=True)
     try:
-        time.sleep(1.5)  # the timeout falls here, half-way through the outage
+        # The timeout falls in the outage, which lasts a second past it.
+        time.sleep(max(0.0, (deadline - timezone.now()).total_seconds()) + 1.0)
     finally:
         subprocess.run([pg_ctl, "start", "-w"], check=True, capture_output=True)
     connections.close_all()
 
-    first = Job.objects.filter(result_id=result.id, attempt=1)
-    wait_for(lambda: first.get().state != State.RUNNING, timeout=6)
+    wait_for(lambda: first.get().state != State.RUNNING, timeout=60)
     assert first.get().failure_reason == FailureReason.TIMEOUT
+    assert outage_from < deadline, "the outage began after the timeout: nothing was tested"
 
 
 def worker_children(pid: int) -> list[int]:
@@ -178,7 +183,7 @@ def test_sigterm_while_a_worker_is_being_replaced_still_stops_runjobs(runjobs):
     supervisor.send_signal(signal.SIGTERM)
 
     try:
-        supervisor.wait(timeout=6)
+        supervisor.wait(timeout=30)
     except subprocess.TimeoutExpired:
         pytest.fail(f"runjobs did not exit on SIGTERM:\n{runjobs.output(supervisor)}")
     assert supervisor.returncode == 0, runjobs.output(supervisor)
