@@ -95,12 +95,13 @@ def check_settings(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]
             valid[name] = value
     if {"LOST_AFTER", "HEARTBEAT_INTERVAL"} <= valid.keys():
         lost_after, interval = valid["LOST_AFTER"], valid["HEARTBEAT_INTERVAL"]
-        if lost_after <= interval:
+        if lost_after < 3 * interval:
             messages.append(
                 Error(
-                    f"JOBSTATE_LOST_AFTER ({lost_after}s) must be longer than "
-                    f"JOBSTATE_HEARTBEAT_INTERVAL ({interval}s), or every live worker "
-                    f"would be taken for lost.",
+                    f"JOBSTATE_LOST_AFTER ({lost_after}s) must be at least three times "
+                    f"JOBSTATE_HEARTBEAT_INTERVAL ({interval}s): live workers would be "
+                    f"taken for lost, and no runjobs could judge others (its own beats must "
+                    f"land at most JOBSTATE_LOST_AFTER / 2 apart).",
                     hint="Make JOBSTATE_LOST_AFTER at least three heartbeat intervals.",
                     id="django_jobstate.E001",
                 )

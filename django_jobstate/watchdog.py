@@ -38,7 +38,7 @@ class Watchdog(threading.Thread):
 
     def run(self) -> None:
         interval = self.pulse.settings.HEARTBEAT_INTERVAL
-        next_beat = time.monotonic()
+        next_beat = time.monotonic() + interval  # Worker.run() made the first beat
         try:
             while not self._done.is_set():
                 now = time.monotonic()

@@ -1,5 +1,6 @@
 """Tasks the tests enqueue. Each one that runs records itself in the Execution table."""
 
+import ctypes
 import os
 import time
 from pathlib import Path
@@ -163,3 +164,54 @@ def marks_its_body(context: TaskContext, label: str, seconds: float) -> int:
         time.sleep(seconds)
     (marks / f"{name}.finish").touch(exist_ok=False)
     return context.attempt
+
+
+def _hold_the_interpreter(seconds: float) -> None:
+    """Sleep in C without releasing the GIL, as a catastrophic regular expression or many
+    C extensions do: no other thread of this process runs meanwhile."""
+    ctypes.PyDLL(None).usleep(int(seconds * 1_000_000))
+
+
+@task(takes_context=True, max_attempts=2, backoff=0, timeout=1)
+def holds_the_interpreter_past_its_timeout(context: TaskContext, label: str) -> int:
+    Execution.objects.create(label=f"{label}:{context.attempt}")
+    if context.attempt == 1:
+        _hold_the_interpreter(30)
+    return context.attempt
+
+
+@task(takes_context=True, max_attempts=2, backoff=0)
+def holds_the_interpreter(context: TaskContext, label: str, seconds: float) -> int:
+    Execution.objects.create(label=f"{label}:{context.attempt}")
+    _hold_the_interpreter(seconds)
+    return context.attempt
+
+
+class Unprintable(Exception):
+    def __str__(self) -> str:
+        raise RuntimeError("this error cannot be printed")
+
+
+@task
+def raises(kind: str) -> None:
+    """Raise an error that is hard to store: a NUL, a lone surrogate, or no str() at all."""
+    if kind == "nul":
+        raise ValueError("before\x00after")
+    if kind == "surrogate":
+        raise ValueError("lone \ud800 surrogate")
+    raise Unprintable()
+
+
+@task(takes_context=True, max_attempts=2, backoff=0, atomic=True)
+def writes_atomically(context: TaskContext, label: str, seconds: float) -> int:
+    """Write a row, then sleep on the first attempt: a zombie's write must roll back."""
+    Execution.objects.create(label=f"{label}:{context.attempt}")
+    if context.attempt == 1:
+        time.sleep(seconds)
+    return context.attempt
+
+
+@task(atomic=True)
+def writes_then_fails(label: str) -> None:
+    Execution.objects.create(label=label)
+    raise ValueError(f"{label} failed after writing")

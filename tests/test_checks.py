@@ -38,6 +38,8 @@ def ids(**overrides):
     [
         ({"JOBSTATE_LOST_AFTER": 0.25}, ["E001"]),  # the test settings beat every 0.25 s
         ({"JOBSTATE_HEARTBEAT_INTERVAL": 10}, ["E001"]),
+        # a judge needs beats at most LOST_AFTER / 2 apart: three intervals, not two
+        ({"JOBSTATE_HEARTBEAT_INTERVAL": 1.1}, ["E001"]),
         ({"JOBSTATE_POLL_INTERVAL": 0}, ["E002"]),
         ({"JOBSTATE_HEARTBEAT_INTERVAL": -1}, ["E002"]),
         ({"JOBSTATE_LOST_AFTER": float("inf")}, ["E002"]),

@@ -62,19 +62,18 @@ def test_sigkilled_runjobs_attempt_is_rescued_as_lost_and_retried_once(runjobs):
     assert executions() == ["k:1", "k:2"]  # the body ran once per attempt
 
 
-def test_paused_worker_is_rescued_and_its_late_success_refused(runjobs):
+def test_paused_runjobs_is_rescued_and_its_late_success_refused(runjobs):
+    """A whole runjobs paused past the window (a frozen VM, a stopped container)."""
     result = tasks.sleeps_on_first_attempt.enqueue("p", 2)
     paused = runjobs.start()
     wait_for(lambda: Execution.objects.filter(label="p:1").exists())
-    job = Job.objects.get(result_id=result.id)
-    child_pid = WorkerHeartbeat.objects.get(worker_id=job.worker_id).pid
 
-    os.kill(child_pid, signal.SIGSTOP)  # heartbeats stop; the process is not dead
+    os.killpg(paused.pid, signal.SIGSTOP)  # supervisor and worker: nobody beats for it
     try:
         runjobs.start()
         wait_for(lambda: tasks.sleeps_on_first_attempt.get_result(result.id).is_finished)
     finally:
-        os.kill(child_pid, signal.SIGCONT)
+        os.killpg(paused.pid, signal.SIGCONT)
     # The resumed worker finishes its sleep, tries to record success, and is refused.
     first = Job.objects.get(result_id=result.id, attempt=1)
     wait_for(lambda: f"outcome of job {first.pk} discarded" in runjobs.output(paused))

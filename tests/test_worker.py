@@ -5,6 +5,7 @@ import time
 from datetime import datetime, timedelta
 
 import pytest
+from django.db import connection
 from django.tasks import TaskResultStatus
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
@@ -316,3 +317,62 @@ def test_while_draining_a_backlog_a_worker_claims_from_its_last_batch(monkeypatc
     urgent = job("urgent", priority=10)
     job("last")
     assert worker._claim() == [urgent], "not claimed from the head after RESCAN_AFTER"
+
+
+@pytest.mark.parametrize(
+    ("kind", "message"),
+    [
+        ("nul", "before\\x00after"),
+        ("surrogate", "lone \\ud800 surrogate"),
+        ("unprintable", "<str() of the error failed>"),
+    ],
+)
+def test_an_error_that_cannot_be_stored_as_it_is_is_stored_escaped(kind, message):
+    from tests.tasks import raises, record
+
+    failing, behind = raises.enqueue(kind), record.enqueue("behind")
+
+    Worker(burst=True).run()
+
+    job = Job.objects.get(result_id=failing.id)
+    assert (job.state, job.failure_reason) == (State.FAILED, FailureReason.ERROR)
+    assert job.error_message == message
+    assert job.error_class.startswith("tests.tasks.") or job.error_class == "builtins.ValueError"
+    assert "Traceback" in job.traceback
+    assert Job.objects.get(result_id=behind.id).state == State.SUCCEEDED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_atomic_task_commits_its_writes_with_its_success_and_rolls_them_back_on_error():
+    from tests.tasks import writes_atomically, writes_then_fails
+
+    ok, bad = writes_atomically.enqueue("ok", 0), writes_then_fails.enqueue("bad")
+
+    Worker(burst=True).run()
+
+    assert writes_atomically.get_result(ok.id).return_value == 1
+    failed = Job.objects.get(result_id=bad.id)
+    assert (failed.state, failed.error_message) == (State.FAILED, "bad failed after writing")
+    assert executions() == ["ok:1"]
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="ends a PostgreSQL backend")
+@pytest.mark.django_db(transaction=True)
+def test_losing_the_database_before_the_body_starts_is_not_the_tasks_error():
+    from tests.tasks import record
+
+    first = JobFactory.in_state(State.FAILED, task_path=record.module_path, args=["again"])
+    retry = Job.objects.retry(first)
+    [claimed] = Job.objects.claim("w", limit=1)
+    assert claimed.pk == retry.pk
+    # The server ends this process's connection (a restart, a failover) just before the
+    # worker reads the earlier attempts, which it does before the body of a retry starts.
+    admin = connection.get_new_connection(connection.get_connection_params())
+    admin.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
+    admin.close()
+
+    Worker(worker_id="w").run_attempt(claimed)
+
+    claimed.refresh_from_db()
+    assert (claimed.state, claimed.return_value) == (State.SUCCEEDED, "again")
+    assert executions() == ["again"]

@@ -1,0 +1,165 @@
+"""Who is taken for lost, and who may judge: real runjobs processes, real faults.
+
+A worker is lost only when it is silent while its judge is itself connected: an outage,
+a write lock held past the window, or a task that holds the interpreter must not make a
+healthy worker's attempt run twice.
+"""
+
+import os
+import signal
+import sqlite3
+import subprocess
+import time
+
+import pytest
+from django.conf import settings
+from django.db import connection, connections
+
+from django_jobstate.models import Job, WorkerHeartbeat
+from django_jobstate.states import FailureReason, State
+from tests import tasks
+from tests.models import Execution
+from tests.test_recovery import attempts, executions, wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+POSTGRES = settings.DB == "postgres"
+LOST_AFTER = settings.JOBSTATE_LOST_AFTER
+
+
+def running(result) -> Job:
+    return wait_for(lambda: Job.objects.filter(result_id=result.id, state=State.RUNNING).first())
+
+
+def a_judge(runjobs):
+    """A runjobs that has been connected for a whole window: it may judge others at once."""
+    judge = runjobs.start()
+    wait_for(lambda: WorkerHeartbeat.objects.exists())
+    time.sleep(LOST_AFTER + 1)
+    return judge
+
+
+def hold_the_database_away(seconds: float) -> None:
+    """PostgreSQL: stop the server. SQLite: hold its write lock (as a long bulk_enqueue
+    does), so that every heartbeat waits."""
+    if POSTGRES:
+        pg_ctl = os.environ["JOBSTATE_PG_CTL"]
+        subprocess.run([pg_ctl, "stop", "-m", "fast", "-w"], check=True)
+        time.sleep(seconds)
+        subprocess.run([pg_ctl, "start", "-w"], check=True)
+        connections.close_all()  # this test's own connection died with the server
+    else:
+        holder = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
+        holder.execute("BEGIN IMMEDIATE")
+        time.sleep(seconds)
+        holder.execute("COMMIT")
+        holder.close()
+
+
+def test_an_outage_longer_than_the_window_takes_no_healthy_worker_for_lost(runjobs):
+    # Two hosts' worth of runjobs, each with an attempt that outlasts the outage.
+    first, second = runjobs.start(), runjobs.start()
+    results = [tasks.sleeps_on_first_attempt.enqueue(f"o{n}", LOST_AFTER * 3) for n in (1, 2)]
+    wait_for(lambda: Execution.objects.count() == 2)
+    assert len({running(result).worker_id for result in results}) == 2
+
+    hold_the_database_away(LOST_AFTER + 2)
+
+    wait_for(lambda: not Job.objects.live().exists(), timeout=90)
+    for proc in (first, second):
+        runjobs.stop(proc)
+        assert proc.returncode == 0, runjobs.output(proc)
+    for result in results:
+        [only] = attempts(result)  # no attempt was failed as lost, so no retry ran beside it
+        assert (only.state, only.return_value) == (State.SUCCEEDED, 1)
+    assert executions() == ["o1:1", "o2:1"]
+
+
+def test_a_task_holding_the_interpreter_is_not_taken_for_lost(runjobs):
+    judge = a_judge(runjobs)
+    holder = runjobs.start()
+    # Its worker process cannot run a thread for twice the window.
+    result = tasks.holds_the_interpreter.enqueue("gil", LOST_AFTER * 2)
+
+    wait_for(lambda: tasks.holds_the_interpreter.get_result(result.id).is_finished, timeout=60)
+
+    [only] = attempts(result)
+    assert (only.state, only.return_value) == (State.SUCCEEDED, 1)
+    assert executions() == ["gil:1"]
+    for proc in (judge, holder):
+        runjobs.stop(proc)
+
+
+def test_a_task_holding_the_interpreter_is_stopped_at_its_timeout(runjobs):
+    result = tasks.holds_the_interpreter_past_its_timeout.enqueue("t")
+
+    done = runjobs.run("--burst", timeout=60)
+
+    assert done.returncode == 0, done.stdout
+    timed_out, retry = attempts(result)
+    assert (timed_out.failure_reason, retry.state) == (FailureReason.TIMEOUT, State.SUCCEEDED)
+    assert "ran past its timeout" in timed_out.error_message
+    # Its body would have held the interpreter for 30 seconds: it was stopped, not waited on.
+    assert timed_out.duration.total_seconds() < 20
+    assert executions() == ["t:1", "t:2"]
+
+
+def test_a_paused_worker_process_of_a_live_supervisor_is_not_taken_for_lost(runjobs):
+    judge = a_judge(runjobs)
+    supervisor = runjobs.start()
+    result = tasks.sleeps_on_first_attempt.enqueue("s", 1)
+    child = WorkerHeartbeat.objects.get(worker_id=running(result).worker_id).pid
+
+    os.kill(child, signal.SIGSTOP)  # a slow attempt, as far as anyone can tell
+    time.sleep(LOST_AFTER * 2)
+    os.kill(child, signal.SIGCONT)
+
+    wait_for(lambda: tasks.sleeps_on_first_attempt.get_result(result.id).is_finished)
+    [only] = attempts(result)
+    assert only.state == State.SUCCEEDED
+    for proc in (judge, supervisor):
+        runjobs.stop(proc)
+
+
+def test_two_runjobs_given_the_same_worker_id_never_share_a_worker_name(runjobs):
+    one = runjobs.start("--worker-id", "web")
+    first = tasks.sleeps_on_first_attempt.enqueue("a", 60)
+    victim = running(first)
+    other = runjobs.start("--worker-id", "web")
+    second = tasks.sleeps_on_first_attempt.enqueue("b", 3)
+    bystander = running(second)
+    assert victim.worker_id != bystander.worker_id
+    assert {victim.worker_id[:4], bystander.worker_id[:4]} == {"web:"}
+
+    # One host's worker dies: its supervisor fails its attempts, and only its own.
+    os.kill(WorkerHeartbeat.objects.get(worker_id=victim.worker_id).pid, signal.SIGKILL)
+
+    wait_for(lambda: tasks.sleeps_on_first_attempt.get_result(second.id).is_finished)
+    [only] = attempts(second)
+    assert (only.state, only.return_value) == (State.SUCCEEDED, 1)
+    lost = Job.objects.get(pk=victim.pk)
+    assert (lost.state, lost.failure_reason) == (State.FAILED, FailureReason.LOST)
+    assert "killed by SIGKILL" in lost.error_message
+    for proc in (one, other):
+        runjobs.stop(proc)
+
+
+@pytest.mark.skipif(not POSTGRES, reason="SQLite: an atomic body holds the one write lock")
+def test_an_atomic_task_of_a_worker_taken_for_lost_rolls_its_writes_back(runjobs):
+    zombie = runjobs.start()
+    result = tasks.writes_atomically.enqueue("z", LOST_AFTER * 2)
+    first = running(result)
+    time.sleep(0.5)  # inside its body: its row is written, not committed
+
+    os.killpg(zombie.pid, signal.SIGSTOP)  # past the window, mid-body
+    try:
+        runjobs.start()
+        wait_for(lambda: tasks.writes_atomically.get_result(result.id).is_finished)
+    finally:
+        os.killpg(zombie.pid, signal.SIGCONT)
+    wait_for(lambda: f"outcome of job {first.pk} discarded" in runjobs.output(zombie))
+
+    lost, retry = attempts(result)
+    assert (lost.state, lost.failure_reason) == (State.FAILED, FailureReason.LOST)
+    assert (retry.state, retry.return_value) == (State.SUCCEEDED, 2)
+    assert executions() == ["z:2"]  # the zombie's write rolled back with its refused success
