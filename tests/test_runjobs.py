@@ -9,6 +9,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 from django.db import connection, connections, transaction
 from django.tasks import TaskResultStatus
 
@@ -18,6 +19,9 @@ from tests import tasks
 from tests.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+POSTGRES = settings.DB == "postgres"
 
 
 def wait_for(predicate, timeout=30.0):
@@ -230,3 +234,33 @@ def test_a_postgresql_restart_during_a_run_loses_nothing(runjobs):
     assert sorted(Execution.objects.values_list("label", flat=True)) == sorted(
         f"r{n}" for n in range(60)
     )
+
+
+def test_jobs_routed_to_another_database_never_need_default_and_survive_its_restart(runjobs):
+    results = [tasks.record_with_retries.enqueue(f"j{n}", 0.05) for n in range(40)]
+    routed = {
+        "DATABASES": {
+            "jobs": {
+                **settings.DATABASES["default"],
+                "NAME": str(connection.settings_dict["NAME"]),
+            },
+            # Unusable: a worker that used the default connection instead would fail.
+            "default": (
+                {**settings.DATABASES["default"], "PORT": "1"}
+                if POSTGRES
+                else {"ENGINE": "django.db.backends.sqlite3", "NAME": "/nonexistent/db.sqlite3"}
+            ),
+        },
+        "DATABASE_ROUTERS": ["tests.routers.EverythingOnJobs"],
+    }
+    worker = runjobs.start(JOBSTATE_TEST_SETTINGS=json.dumps(routed, default=str))
+    wait_for(lambda: Execution.objects.count() >= 10)
+    if POSTGRES:  # the jobs' database restarts: the workers reconnect to it, not to default
+        subprocess.run([os.environ["JOBSTATE_PG_CTL"], "restart", "-m", "fast", "-w"], check=True)
+        connections.close_all()
+
+    wait_for(lambda: not Job.objects.live().exists(), timeout=90)
+    out = runjobs.stop(worker)
+    assert worker.returncode == 0, out
+    for result in results:
+        assert tasks.record_with_retries.get_result(result.id).status == "SUCCESSFUL"
