@@ -186,9 +186,7 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
         task = replace(
             task, queue_name=newest.queue_name, priority=newest.priority, backend=newest.backend
         )
-    # An attempt released unstarted never ran: it is no attempt in django.tasks' sense.
-    ran = [a for a in attempts if a.failure_reason != FailureReason.RELEASED]
-    started = [a for a in ran if a.started_at is not None]
+    started = [a for a in attempts if a.started_at is not None]
     result: TaskResult[Any, Any] = TaskResult(
         task=task,
         id=str(newest.result_id),
@@ -202,8 +200,9 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
         backend=newest.backend,
         errors=[
             TaskError(exception_class_path=a.error_class, traceback=a.traceback)
-            for a in ran
-            if a.state == State.FAILED
+            for a in attempts
+            # An attempt released unstarted raised nothing: its task never ran.
+            if a.state == State.FAILED and a.failure_reason != FailureReason.RELEASED
         ],
         # The check constraints give every started attempt a worker_id.
         worker_ids=[cast(str, a.worker_id) for a in started],

@@ -30,7 +30,6 @@ from django.db import (
     router,
     transaction,
 )
-from django.db.backends.base.base import BaseDatabaseWrapper
 from django.tasks import Task, TaskContext, TaskResult
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_finished, task_started
@@ -56,15 +55,11 @@ def default_worker_id() -> str:
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-def jobs_connection() -> BaseDatabaseWrapper:
-    """This thread's connection to the database the Job table is routed to."""
-    return connections[router.db_for_write(Job)]
-
-
 # Batches: a worker claims as many jobs as it expects to run in BATCH_WINDOW seconds (one
 # at a time until it has seen how long jobs take), and writes successes together at most
 # FLUSH_AFTER seconds after the first of them finished. Both bound what a crash costs:
-# claimed jobs not yet run fail as lost, finished jobs not yet written run again.
+# claimed jobs not yet run are handed back (fail as lost if the whole host died), and
+# finished jobs not yet written fail as lost.
 BATCH_WINDOW = 0.05
 FLUSH_AFTER = 0.05
 MAX_BATCH = 100
@@ -121,7 +116,7 @@ class Worker:
         self.parent = parent
         self.jobs_done = 0
         self.unavailable = False  # a burst run that could not reach the database
-        self.db = router.db_for_write(Job)
+        self.db = router.db_for_write(Job)  # the connection to close after an error
         self._stopping = threading.Event()
         self._tasks: dict[str, Task] = {}
         self._average_duration: float | None = None
@@ -177,7 +172,7 @@ class Worker:
         return size
 
     def _claim(self) -> list[Job]:
-        connection = jobs_connection()
+        connection = connections[self.db]
         if not connection.in_atomic_block:  # a long-lived worker drops broken connections
             close_old_connections()
         limit = self._batch_size()
@@ -226,10 +221,10 @@ class Worker:
             if job.timeout is not None:
                 self._record(done)  # a timeout ends the process: write what we know first
                 done = []
-            if not self.ledger.start(index, job.timeout):
+            if (outcome := self._execute(job, index)) is None:
                 logger.info("Worker %s handed job %s back unstarted", self.worker_id, job.pk)
                 continue
-            done.append(self._execute(job))
+            done.append(outcome)
             self.jobs_done += 1
             if time.monotonic() - done[0].finished > FLUSH_AFTER or done[-1].error:
                 self._record(done)
@@ -243,31 +238,34 @@ class Worker:
     def run_attempt(self, job: Job) -> None:
         """Run one claimed attempt and record its outcome, fenced by state and worker."""
         self.ledger.hold([job.pk])
-        self.ledger.start(0, job.timeout)
-        self._record([self._execute(job)])
+        outcome = self._execute(job, 0)
+        assert outcome is not None  # nobody shares this ledger
+        self._record([outcome])
 
-    def _execute(self, job: Job) -> Outcome:
-        """Run a started attempt (ledger.start() said so) and return its outcome."""
+    def _execute(self, job: Job, index: int) -> Outcome | None:
+        """Run the attempt at `index` of the held batch and return its outcome, or None if
+        the supervisor handed it back before it started."""
+        try:
+            # The database is read here, before the body begins: an outage now is not the
+            # task's error. Wait for the database; the attempt is still in hand.
+            task, result = self._retrying(functools.partial(self._prepare, job))
+        except Exception as exc:  # not a task, or a row that cannot run: nothing ran
+            return Outcome(job, time.monotonic(), time.monotonic(), error=exc)
+        if not self.ledger.start(index, job.timeout):  # the deadline starts with the body
+            return None
         started = time.monotonic()
         try:
-            try:
-                # The database is read here, before the body begins: an outage now is not
-                # the task's error. Wait for the database; the attempt is still in hand.
-                task, result = self._retrying(functools.partial(self._prepare, job))
-            except Exception as exc:  # not a task, or a row that cannot run: nothing ran
-                return Outcome(job, started, time.monotonic(), error=exc)
-            try:
-                value, written = self._call(job, task, result)
-            except (Exception, SystemExit, KeyboardInterrupt) as exc:
-                outcome = Outcome(job, started, time.monotonic(), error=exc)
-            else:
-                outcome = Outcome(job, started, time.monotonic(), value=value, written=written)
+            value, written = self._call(job, task, result)
+        except (Exception, SystemExit, KeyboardInterrupt) as exc:
+            outcome = Outcome(job, started, time.monotonic(), error=exc)
+        else:
+            outcome = Outcome(job, started, time.monotonic(), value=value, written=written)
         finally:
             self.ledger.finish()
         duration = outcome.finished - started
         if job.timeout is not None and duration > job.timeout and not outcome.written:
-            # Returned (or raised) after its deadline, before the watchdog stopped it: a
-            # late watchdog, or the whole process was frozen. Late is a timeout either way.
+            # Returned (or raised) after its deadline, before it was stopped: a late
+            # supervisor, or the whole process group was frozen. Late is a timeout either way.
             outcome.value, outcome.reason = None, FailureReason.TIMEOUT
             outcome.error = JobTimeout(
                 f"the attempt ran past its timeout of {job.timeout:g} seconds ({duration:.1f} s)"
@@ -363,7 +361,7 @@ class Worker:
                     delay,
                     exc_info=True,
                 )
-                jobs_connection().close()
+                connections[self.db].close()
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
