@@ -57,6 +57,11 @@ def ids(**overrides):
         ({"JOBSTATE_MAX_BACKOFF": 5, "JOBSTATE_DEFAULT_BACKOFF": 10}, ["W001"]),
         ({"JOBSTATE_LOST_AFTR": 30}, ["W002"]),
         ({"TASKS": IMMEDIATE}, ["W003"]),
+        ({"JOBSTATE_TASK_MODULES": "tests.tasks"}, ["E006"]),  # a string, not a list of them
+        ({"JOBSTATE_TASK_MODULES": ["tests.tasks", 5]}, ["E006"]),
+        ({"JOBSTATE_TASK_MODULES": ["tests.no_such_module"]}, ["E007"]),
+        ({"JOBSTATE_TASK_MODULES": ["no_such_package.tasks"]}, ["E007"]),
+        ({"JOBSTATE_TASK_MODULES": [""]}, ["E007"]),
     ],
 )
 def test_each_check_fires_for_its_bad_setting(overrides, expected):
@@ -78,6 +83,7 @@ def test_each_check_fires_for_its_bad_setting(overrides, expected):
         {"JOBSTATE_DEFAULT_BACKOFF": 0, "JOBSTATE_MAX_BACKOFF": 0},  # retry at once
         {"JOBSTATE_DEFAULT_BACKOFF": 60, "JOBSTATE_MAX_BACKOFF": 60},
         {"TASKS": {**IMMEDIATE, "jobs": {"BACKEND": "tests.test_checks.CustomBackend"}}},
+        {"JOBSTATE_TASK_MODULES": ("tests.tasks", "tests.factories")},
     ],
 )
 def test_good_settings_pass(overrides):
@@ -159,3 +165,21 @@ def test_backend_check_survives_a_malformed_tasks_setting(tasks):
 
     with override_settings(TASKS=tasks):
         assert [m.id for m in check_tasks_backend()] == ["django_jobstate.W003"]
+
+
+def test_an_imported_task_that_workers_would_refuse_is_reported(make_module):
+    name = make_module("jobs", "from django.tasks import task\n@task\ndef job() -> None: ...\n")
+    __import__(name)  # as the project's views would
+    found = messages()
+    listed = ids(JOBSTATE_TASK_MODULES=[name])
+
+    assert [(m.id, m.msg, m.hint) for m in found] == [
+        (
+            "django_jobstate.W004",
+            f"Workers would refuse the task '{name}.job', and enqueue() raises for it: "
+            f"{name!r} is not a task module of this project.",
+            f"Define it in an installed app's `tasks` module, or add {name!r} to "
+            f"JOBSTATE_TASK_MODULES.",
+        )
+    ]
+    assert listed == []
