@@ -34,6 +34,8 @@ else:
     raise RuntimeError(f"JOBSTATE_TORTURE_DB must be 'postgres' or 'sqlite', not {_vendor!r}")
 
 TASKS = {"default": {"BACKEND": "django_jobstate.backend.JobStateBackend"}}
+# The tasks' module is no app's `tasks` module, which is all a worker imports unasked.
+JOBSTATE_TASK_MODULES = ["bench.torture_tasks"]
 
 # Short, so that a lost worker is rescued in seconds. LOST_AFTER is 8 heartbeats: a
 # loaded machine may miss a few without a live worker being taken for lost.

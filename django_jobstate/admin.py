@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
     from django_stubs_ext import StrOrPromise
 
+MAX_ID = 2**63 - 1  # the id column is a bigint
 ERROR_FIELDSET = (_("Error"), {"fields": ["error_class", "error_message", "traceback_pre"]})
 FIELDSETS = [
     (None, {"fields": ["task_path", "state_badge", "failure_reason", "attempt_of", "result_id"]}),
@@ -184,7 +185,9 @@ class JobAdmin(admin.ModelAdmin):
     ) -> tuple[QuerySet[Job], bool]:
         # A job id or a result id finds its rows through an index, not a scan of task paths.
         term = search_term.strip()
-        if term.isdigit():
+        # ASCII digits only: isdigit() is also true for "²", which int() refuses. Past
+        # bigint, it cannot be an id: search it as text like any other term.
+        if term.isascii() and term.isdigit() and int(term) <= MAX_ID:
             return queryset.filter(pk=int(term)), False
         try:
             return queryset.filter(result_id=uuid.UUID(term)), False

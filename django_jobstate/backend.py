@@ -16,9 +16,10 @@ from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
-from django.utils.module_loading import import_string
 
 from .conf import LIMIT_NAMES, YEAR, get_settings
+from .loading import check_loadable
+from .loading import load_task as load_task  # re-exported: worker.py imports it from here
 from .states import FailureReason, State
 
 if TYPE_CHECKING:
@@ -46,20 +47,6 @@ class JobStateTask(Task):
     backoff: float | None = None  # seconds before the second attempt; doubles after
     timeout: float | None = None  # seconds an attempt may run before it is stopped
     atomic: bool = False
-
-
-def load_task(path: str) -> Task:
-    """Import the Task at `path`, refusing anything that is not a Task object."""
-    try:
-        obj = import_string(path)
-    except ImportError as exc:
-        raise InvalidTask(f"Cannot import the task {path!r}: {exc}") from None
-    if not isinstance(obj, Task):
-        raise InvalidTask(
-            f"{path!r} is a {type(obj).__name__}, not a Task: only functions decorated "
-            f"with @task can be run."
-        )
-    return obj
 
 
 def _check_option(
@@ -116,15 +103,7 @@ class JobStateBackend(BaseTaskBackend):
         Not part of django.tasks: a fast path for enqueueing thousands of jobs.
         """
         self.validate_task(task)
-        try:
-            importable = load_task(task.module_path).func is task.func
-        except InvalidTask:
-            importable = False
-        if not importable:
-            raise InvalidTask(
-                f"A worker could not find the task {task.module_path!r} by its path: define it "
-                f"with @task at the top level of a module, under the function's own name."
-            )
+        check_loadable(task)
         from .models import Job
 
         defaults = get_settings()

@@ -1,6 +1,7 @@
 """The app's settings: `JOBSTATE_*` names in the project's settings, with defaults."""
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -23,6 +24,9 @@ class Settings:
     DEFAULT_TIMEOUT: float | None = None
     # Largest delay, in seconds, between two attempts of a task.
     MAX_BACKOFF: float = 3600.0
+    # Dotted paths of modules that define tasks, besides every installed app's `tasks`
+    # module: the only modules a worker imports to find a job's task (loading.py).
+    TASK_MODULES: Sequence[str] = ()
 
 
 DAY = 86_400.0

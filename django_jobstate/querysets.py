@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import models
+from django.db.models import Exists, OuterRef
 from django.db.models.functions import Now
 
 from .states import LIVE_STATES, TERMINAL_STATES, State
@@ -37,18 +38,26 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(result_id=result_id).order_by("attempt")
 
     def prunable(self, older_than: timedelta, states: Iterable[str] | None = None) -> JobQuerySet:
-        """Terminal attempts that finished more than `older_than` ago, by the database clock.
+        """Every attempt of the tasks that are done and old: whose newest attempt is terminal,
+        in `states`, and finished more than `older_than` ago, by the database clock.
 
-        Never an attempt of a task that still has a live attempt: a retrying task keeps its
-        whole history until it is done.
+        Whole tasks only, so that pruning never changes what a task's result reads as: a
+        task whose final success was deleted would read as failed (and could be retried),
+        one whose failed attempts were deleted would lose its errors. `states` is the
+        task's final outcome. Never a task that still has a live attempt.
         """
         states = TERMINAL_STATES if states is None else {State(s) for s in states}
         if live := states & LIVE_STATES:
             raise ValueError(f"Only terminal attempts can be pruned, not {sorted(live)}.")
-        retrying = self.model._default_manager.live().values("result_id")
-        return self.filter(state__in=sorted(states), finished_at__lt=Now() - older_than).exclude(
-            result_id__in=retrying
-        )
+        jobs = self.model._default_manager
+        newer = jobs.filter(result_id=OuterRef("result_id"), attempt__gt=OuterRef("attempt"))
+        final = jobs.filter(
+            result_id=OuterRef("result_id"),
+            state__in=sorted(states),
+            finished_at__lt=Now() - older_than,
+        ).exclude(Exists(newer))
+        live_attempt = jobs.live().filter(result_id=OuterRef("result_id"))
+        return self.filter(Exists(final)).exclude(Exists(live_attempt))
 
     def counts_by_queue(self) -> dict[str, dict[str, int]]:
         """Return {queue: {state: count}}, every state present, for the queues with jobs."""

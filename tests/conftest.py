@@ -4,8 +4,10 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -121,3 +123,27 @@ def runjobs(tmp_path: Path) -> Iterator[Runjobs]:
     runner = Runjobs(tmp_path)
     yield runner
     runner.cleanup()
+
+
+@pytest.fixture
+def make_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Write importable modules: make_module("pkg.name", source) -> the dotted name.
+
+    Each name gets a unique top-level package, so that no test sees another's module; all
+    of them leave sys.modules at the end.
+    """
+    root = f"jobstate_test_{uuid.uuid4().hex}"
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    def make(name: str, source: str) -> str:
+        directory = tmp_path / root
+        for part in ["", *name.split(".")[:-1]]:
+            directory /= part
+            directory.mkdir(exist_ok=True)
+            (directory / "__init__.py").touch()
+        (directory / f"{name.rpartition('.')[2]}.py").write_text(source)
+        return f"{root}.{name}"
+
+    yield make
+    for name in [n for n in sys.modules if n == root or n.startswith(f"{root}.")]:
+        del sys.modules[name]

@@ -468,6 +468,28 @@ def test_search_by_id_result_id_task_path_and_worker(client):
     assert found("nothing-like-this") == set()
 
 
+@pytest.mark.parametrize(
+    "term",
+    [
+        pytest.param("\u00b2", id="superscript-two"),
+        pytest.param("\u0661\u0662", id="arabic-indic-digits"),
+        pytest.param("9" * 30, id="beyond-bigint"),
+        pytest.param(str(2**63), id="bigint-max-plus-one"),
+    ],
+)
+def test_search_for_digits_that_are_not_a_job_id_answers_without_an_error(client, term):
+    # str.isdigit() is true for each; int() refuses the first, the database the last two.
+    login(client, "view")
+    job = JobFactory.in_state(State.QUEUED, task_path=f"tests.tasks.record{term}")
+    JobFactory.in_state(State.QUEUED)
+
+    response = client.get(LIST_URL, {"q": term})
+
+    assert response.status_code == 200
+    # Not an id, so a part of a task path: the one job whose path holds it.
+    assert [j.pk for j in response.context["cl"].result_list] == [job.pk]
+
+
 def test_filters_by_queue_task_and_retries(client):
     login(client, "view")
     first = JobFactory.in_state(State.FAILED, queue_name="emails")

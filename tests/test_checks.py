@@ -66,6 +66,11 @@ def ids(**overrides):
         ({"JOBSTATE_MAX_BACKOFF": 5, "JOBSTATE_DEFAULT_BACKOFF": 10}, ["W001"]),
         ({"JOBSTATE_LOST_AFTR": 30}, ["W002"]),
         ({"TASKS": IMMEDIATE}, ["W003"]),
+        ({"JOBSTATE_TASK_MODULES": "tests.tasks"}, ["E007"]),  # a string, not a list of them
+        ({"JOBSTATE_TASK_MODULES": ["tests.tasks", 5]}, ["E007"]),
+        ({"JOBSTATE_TASK_MODULES": ["tests.no_such_module"]}, ["E008"]),
+        ({"JOBSTATE_TASK_MODULES": ["no_such_package.tasks"]}, ["E008"]),
+        ({"JOBSTATE_TASK_MODULES": [""]}, ["E008"]),
     ],
 )
 def test_each_check_fires_for_its_bad_setting(overrides, expected):
@@ -93,6 +98,7 @@ def test_each_check_fires_for_its_bad_setting(overrides, expected):
         },
         {"JOBSTATE_LOST_AFTER": 365 * 86_400, "JOBSTATE_MAX_BACKOFF": 365 * 86_400},
         {"TASKS": {**IMMEDIATE, "jobs": {"BACKEND": "tests.test_checks.CustomBackend"}}},
+        {"JOBSTATE_TASK_MODULES": ("tests.tasks", "tests.factories")},
     ],
 )
 def test_good_settings_pass(overrides):
@@ -200,3 +206,21 @@ def test_sqlite_with_naive_local_times_is_refused(use_tz, time_zone, refused_on_
     if refused:
         assert time_zone in found[0].msg
         assert found[0].hint == 'Set USE_TZ = True (Django\'s default), or TIME_ZONE = "UTC".'
+
+
+def test_an_imported_task_that_workers_would_refuse_is_reported(make_module):
+    name = make_module("jobs", "from django.tasks import task\n@task\ndef job() -> None: ...\n")
+    __import__(name)  # as the project's views would
+    found = messages()
+    listed = ids(JOBSTATE_TASK_MODULES=[name])
+
+    assert [(m.id, m.msg, m.hint) for m in found] == [
+        (
+            "django_jobstate.W004",
+            f"Workers would refuse the task '{name}.job', and enqueue() raises for it: "
+            f"{name!r} is not a task module of this project.",
+            f"Define it in an installed app's `tasks` module, or add {name!r} to "
+            f"JOBSTATE_TASK_MODULES.",
+        )
+    ]
+    assert listed == []

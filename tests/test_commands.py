@@ -1,6 +1,7 @@
 """`prunejobs` and `jobstats`: in-process through call_command, and once each as a real process."""
 
 import json
+import re
 import subprocess
 import sys
 from datetime import timedelta
@@ -9,6 +10,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.tasks import TaskResultStatus, default_task_backend
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -86,16 +88,49 @@ def test_never_prunes_any_attempt_of_a_task_with_a_live_attempt(live):
     assert not Job.objects.filter(pk=done.pk).exists()
 
 
-def test_deleting_an_attempt_unlinks_its_next_attempt():
+def test_a_task_is_pruned_whole_or_not_at_all():
     first = finished(State.FAILED, 30, max_attempts=2)
-    second = next_attempt(first, State.SUCCEEDED)
+    second = next_attempt(first, State.SUCCEEDED, finished_at=timezone.now() - timedelta(days=3))
 
-    run("prunejobs", "--older-than", "7d")
+    assert run("prunejobs", "--older-than", "7d") == "Deleted 0 job attempts.\n"
+    assert remaining() == {first.pk, second.pk}  # its final attempt is recent
+    assert run("prunejobs", "--older-than", "2d") == "Deleted 2 job attempts.\n"
+    assert remaining() == set()
 
-    second.refresh_from_db()
-    assert remaining() == {second.pk}
-    assert second.previous is None
-    assert (second.result_id, second.attempt) == (first.result_id, 2)
+
+def read_back(result_id):
+    result = default_task_backend.get_result(str(result_id))
+    value = result.return_value if result.status == TaskResultStatus.SUCCESSFUL else None
+    return (result.status, result.attempts, [e.exception_class_path for e in result.errors], value)
+
+
+@pytest.mark.parametrize("state", [None, *sorted(TERMINAL_STATES)])
+def test_state_option_is_the_final_outcome_and_a_result_never_changes(state):
+    def task(*states):
+        jobs = [finished(states[0], 30, max_attempts=len(states))]
+        for then in states[1:]:
+            jobs.append(next_attempt(jobs[-1], then, finished_at=jobs[-1].finished_at))
+        return jobs[0].result_id
+
+    tasks = {
+        "retried then succeeded": task(State.FAILED, State.SUCCEEDED),
+        "retried then failed": task(State.FAILED, State.FAILED),
+        "succeeded": task(State.SUCCEEDED),
+        "failed": task(State.FAILED),
+    }
+    before = {name: read_back(result_id) for name, result_id in tasks.items()}
+
+    run("prunejobs", "--older-than", "7d", *(["--state", state] if state else []))
+
+    kept = {name for name, result_id in tasks.items() if Job.objects.filter(result_id=result_id)}
+    assert {name: read_back(tasks[name]) for name in kept} == {name: before[name] for name in kept}
+    finals = {name: before[name][0] for name in tasks}
+    expected = {
+        None: set(),
+        State.SUCCEEDED: {n for n, s in finals.items() if s != TaskResultStatus.SUCCESSFUL},
+        State.FAILED: {n for n, s in finals.items() if s != TaskResultStatus.FAILED},
+    }
+    assert kept == expected[state]
 
 
 @pytest.mark.parametrize("state", sorted(TERMINAL_STATES))
@@ -127,6 +162,30 @@ def test_deletes_in_batches_one_short_transaction_each():
     assert len(deletes) == 3
     assert remaining() == set()
     assert len(jobs) == 5
+
+
+def test_a_batch_never_splits_a_task():
+    def task(attempts):
+        jobs = [finished(State.FAILED, 30, max_attempts=attempts)]
+        for _ in range(attempts - 1):
+            jobs.append(next_attempt(jobs[-1], State.FAILED, finished_at=jobs[-1].finished_at))
+        return {job.pk for job in jobs}
+
+    tasks = [task(3), task(1), task(2), task(3)]
+
+    with CaptureQueriesContext(connection) as queries:
+        assert run("prunejobs", "--older-than", "7d", "--batch-size", "2") == (
+            "Deleted 9 job attempts.\n"
+        )
+
+    deleted = [
+        {int(pk) for pk in re.search(r'"id" IN \(([\d, ]+)\)', q["sql"])[1].split(", ")}
+        for q in queries
+        if q["sql"].startswith("DELETE")
+    ]
+    # In result_id order; no two fit in 2 attempts, and one of 3 goes whole.
+    assert sorted(deleted, key=min) == tasks
+    assert remaining() == set()
 
 
 def test_quiet_at_verbosity_zero():

@@ -6,6 +6,7 @@ and writes no row.
 """
 
 import math
+import sys
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -14,6 +15,8 @@ from decimal import Decimal
 import pytest
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
+from django.tasks import default_task_backend
+from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
 from django_jobstate.exceptions import InvalidPayload
@@ -411,6 +414,74 @@ def test_a_row_whose_args_are_not_a_list_or_kwargs_not_a_dict_fails_and_runs_no_
     assert job.error_class == "django.tasks.exceptions.InvalidTask"
     assert "they must be a JSON array and a JSON object" in job.error_message
     assert not Execution.objects.exists(), "the task ran with arguments the row made up"
+
+
+@pytest.fixture
+def hostile_module(make_module, tmp_path):
+    """An importable module that is no task module, and leaves a file when imported.
+
+    It defines a real @task too: a worker that imported it would also run it.
+    """
+    imported, ran = tmp_path / "imported", tmp_path / "ran"
+    name = make_module(
+        "hostile",
+        "import pathlib\n"
+        "from django.tasks import task\n"
+        f"pathlib.Path({str(imported)!r}).touch()\n"
+        "@task\n"
+        "def job():\n"
+        f"    pathlib.Path({str(ran)!r}).touch()\n",
+    )
+    return name, [imported, ran]
+
+
+def assert_refused_without_import(job: Job, name: str, files: list) -> None:
+    job.refresh_from_db()
+    assert (job.state, job.failure_reason) == (State.FAILED, FailureReason.ERROR)
+    assert job.error_class == "django.tasks.exceptions.InvalidTask"
+    assert f"{name!r} is not a task module of this project" in job.error_message
+    assert "JOBSTATE_TASK_MODULES" in job.error_message
+    assert [f.name for f in files if f.exists()] == [], "the row imported a module"
+
+
+@RUNS_A_WORKER
+def test_a_row_naming_a_module_that_is_no_task_module_fails_without_importing_it(
+    hostile_module,
+):
+    name, files = hostile_module
+    job = JobFactory(args=[])
+    raw_update(job.pk, task_path=f"{name}.job")
+
+    Worker(burst=True).run()
+
+    assert_refused_without_import(job, name, files)
+    assert name not in sys.modules
+
+
+@RUNS_A_WORKER
+def test_runjobs_does_not_import_a_module_a_row_names(hostile_module, runjobs, tmp_path):
+    name, files = hostile_module
+    job = JobFactory(args=[])
+    raw_update(job.pk, task_path=f"{name}.job")
+    after = JobFactory(args=["after"])
+
+    done = runjobs.run("--burst", PYTHONPATH=str(tmp_path))  # the module is importable there
+
+    assert done.returncode == 0, done.stdout
+    assert_refused_without_import(job, name, files)
+    assert list(Execution.objects.values_list("label", flat=True)) == [after.args[0]]
+
+
+def test_get_result_does_not_import_a_module_a_row_names(hostile_module):
+    name, files = hostile_module
+    job = JobFactory.in_state(State.SUCCEEDED, args=[])
+    raw_update(job.pk, task_path=f"{name}.job")
+
+    with pytest.raises(InvalidTask, match="is not a task module of this project"):
+        default_task_backend.get_result(str(job.result_id))
+
+    assert [f.name for f in files if f.exists()] == [], "get_result() imported a module"
+    assert name not in sys.modules
 
 
 # Clocks

@@ -1,15 +1,18 @@
 """The conditional writes: each move is checked, and a write that lost the race changes nothing."""
 
+import collections
 import contextlib
 import itertools
 import json
+import random
 import subprocess
 import sys
+import threading
 import time
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -148,6 +151,87 @@ def test_a_failed_attempt_is_retried_once():
     assert Job.objects.filter(result_id=job.result_id).count() == 2
     with pytest.raises(LostRace, match="Only a failed attempt"):
         Job.objects.retry(retry)
+
+
+def old_failure() -> Job:
+    """A failed first attempt of a task that allows a second, finished 30 days ago."""
+    at = timezone.now() - timedelta(days=30)
+    return JobFactory(failed=True, max_attempts=2, started_at=at, finished_at=at)
+
+
+def test_retrying_an_attempt_pruned_meanwhile_is_a_lost_race():
+    job = old_failure()
+    assert Job.objects.prune(timedelta(days=7)) == 1
+
+    with pytest.raises(LostRace, match=rf"Job {job.pk} was deleted \(pruned\) before"):
+        Job.objects.retry(job)  # `job` as read before the prune, like the admin's action
+
+    assert not Job.objects.exists()
+
+
+def race_retry_and_prune(failed: Job) -> str:
+    """Retry `failed` and prune in two threads, each with its own connection; say what won.
+
+    The retry's transaction stays open for a while after its INSERT; either side may start
+    first, by a random delay.
+    """
+    barrier, errors = threading.Barrier(2), []
+
+    def retry() -> None:
+        retry_first = random.random() < 0.5
+        try:
+            connection.ensure_connection()  # this thread's own, connected before the race
+            with transaction.atomic():
+                if not retry_first:
+                    barrier.wait(timeout=10)
+                    time.sleep(random.uniform(0, 0.01))
+                Job.objects.retry(failed)
+                if retry_first:
+                    barrier.wait(timeout=10)
+                time.sleep(random.uniform(0, 0.01))  # commits while the prune runs, or not
+        except LostRace:
+            pass  # its predecessor was pruned first: a clean refusal
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def prune() -> None:
+        try:
+            connection.ensure_connection()
+            barrier.wait(timeout=10)
+            time.sleep(random.uniform(0, 0.003))
+            Job.objects.prune(timedelta(days=7))
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=retry), threading.Thread(target=prune)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    if errors:
+        return f"error: {errors[0]!r}"
+    rows = list(Job.objects.filter(result_id=failed.result_id).values_list("pk", "previous"))
+    if rows == []:
+        return "pruned, retry refused"
+    first, *later = sorted(rows)
+    if first == (failed.pk, None) and [previous for _, previous in later] == [failed.pk]:
+        return "retried, prune skipped it"
+    return f"broken: {rows}"
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="SQLite runs one writer at a time: a retry and a prune cannot overlap",
+)
+@pytest.mark.django_db(transaction=True)  # each thread commits on its own connection
+def test_a_retry_racing_a_prune_never_survives_its_deleted_predecessor():
+    outcomes = collections.Counter(race_retry_and_prune(old_failure()) for _ in range(150))
+
+    assert set(outcomes) == {"pruned, retry refused", "retried, prune skipped it"}, outcomes
 
 
 def test_cancel_deletes_only_while_queued():

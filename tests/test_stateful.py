@@ -249,15 +249,22 @@ class JobMachine(RuleBasedStateMachine):
     @rule(states=st.sampled_from([None, [State.SUCCEEDED], [State.FAILED]]))
     def prune(self, states: list[str] | None) -> None:
         allowed = set(TERMINAL_STATES if states is None else states)
-        prunable = {
-            a.pk
-            for a in self.rows.values()
-            if a.state in allowed and not self.live_attempt(a.result_id)
-        }
+        tasks = defaultdict(list)
+        for a in sorted(self.rows.values(), key=lambda a: a.attempt):
+            tasks[a.result_id].append(a)
+        # Whole tasks, by their final outcome: never part of one, never one still live.
+        prunable = [
+            {a.pk for a in attempts}
+            for result_id, attempts in tasks.items()
+            if attempts[-1].state in allowed and not self.live_attempt(result_id)
+        ]
         prune_terminal(timedelta(0), states)
         remaining = set(Job.objects.values_list("pk", flat=True))
         deleted = set(self.rows) - remaining
-        assert deleted <= prunable, "prune deleted a live attempt or one of a live task"
+        assert deleted <= set().union(*prunable), "prune deleted an attempt of a live task"
+        assert all(task <= deleted or not task & deleted for task in prunable), (
+            "prune deleted part of a task"
+        )
         for pk in deleted:
             row = self.rows.pop(pk)
             self.gone[row.result_id].add(row.attempt)

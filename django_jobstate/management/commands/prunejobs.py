@@ -1,4 +1,4 @@
-"""`manage.py prunejobs`: delete old finished attempts."""
+"""`manage.py prunejobs`: delete old finished tasks, every attempt of each."""
 
 import argparse
 import re
@@ -30,10 +30,10 @@ def age(text: str) -> timedelta:
 
 class Command(BaseCommand):
     help = (
-        "Delete the job attempts that finished (succeeded or failed) more than --older-than "
-        "ago, in batches. Never deletes a queued or running attempt, nor any attempt of a "
-        "task that still has one (a task being retried keeps its history). The next "
-        "attempt of a deleted one stays, without its link to it."
+        "Delete whole tasks, in batches: every attempt of a task whose newest attempt "
+        "finished (succeeded or failed) more than --older-than ago. Never part of a task, "
+        "so a task's result never reads differently (it is there as it was, or gone), and "
+        "never a task with a queued or running attempt."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -42,12 +42,12 @@ class Command(BaseCommand):
             type=age,
             required=True,
             metavar="AGE",
-            help=f"Delete attempts that finished more than AGE ago; AGE is {AGE_FORMAT}.",
+            help=f"Delete tasks that finished more than AGE ago; AGE is {AGE_FORMAT}.",
         )
         parser.add_argument(
             "--state",
             choices=sorted(state.value for state in TERMINAL_STATES),
-            help="Delete only attempts in this state (default: both).",
+            help="Delete only tasks whose final attempt is in this state (default: both).",
         )
         parser.add_argument(
             "--dry-run",
@@ -59,7 +59,7 @@ class Command(BaseCommand):
             type=positive_int,
             default=1000,
             metavar="N",
-            help="Delete N attempts per transaction (default: 1000).",
+            help="Delete up to N attempts per transaction, whole tasks only (default: 1000).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -1,0 +1,107 @@
+"""Which modules a job row may name: the project's task modules, and nothing else.
+
+A row's task_path is data, and anyone who can write the table chooses it. Importing it
+would run the top-level code of any importable module, in the worker and in any process
+that reads the row's result, before anything could check that it names a @task. So the
+only modules ever imported on a row's behalf are the project's task modules: every
+installed app's `tasks` module (found as the admin finds `admin` modules) and the ones
+listed in JOBSTATE_TASK_MODULES, all imported once per process, whatever the row says, and
+the submodules of those that are packages (a `tasks/` package of several files). Any other
+module is looked up only if this process imported it already: no code runs for it.
+"""
+
+import functools
+import sys
+from importlib import import_module
+
+from django.apps import apps
+from django.tasks import Task
+from django.tasks.exceptions import InvalidTask
+from django.utils.module_loading import module_has_submodule
+
+from .conf import get_settings
+
+
+def how_to_allow(module_name: str) -> str:
+    return (
+        f"define the task in an installed app's `tasks` module, or add {module_name!r} to "
+        f"the JOBSTATE_TASK_MODULES setting"
+    )
+
+
+def task_modules() -> frozenset[str]:
+    """Import the project's task modules (the first time) and return their names."""
+    return _discover(tuple(get_settings().TASK_MODULES))
+
+
+# Keyed by the setting, so that a test's override_settings gets its modules imported too.
+@functools.cache
+def _discover(listed: tuple[str, ...]) -> frozenset[str]:
+    names = [
+        f"{config.name}.tasks"
+        for config in apps.get_app_configs()
+        if module_has_submodule(config.module, "tasks")
+    ]
+    names += listed
+    for name in names:
+        import_module(name)
+    return frozenset(names)
+
+
+def is_task_module(name: str) -> bool:
+    """Whether `name` is one of the project's task modules, or inside one."""
+    return any(name == m or name.startswith(f"{m}.") for m in task_modules())
+
+
+def load_task(path: str) -> Task:
+    """Return the Task at `path`, refusing anything that is not a Task object.
+
+    Imports no module other than the project's task modules; see the module's docstring.
+    """
+    module_name, _, name = path.rpartition(".")
+    module = sys.modules.get(module_name) if module_name else None
+    if module is None and is_task_module(module_name):
+        try:
+            module = import_module(module_name)
+        except ImportError as exc:
+            raise InvalidTask(f"Cannot import the task {path!r}: {exc}") from None
+    if module is None:
+        why = (
+            f"{module_name!r} is not a task module of this project, and workers import "
+            f"no other (importing a module runs its code); {how_to_allow(module_name)}"
+            if module_name
+            else "it is not a dotted path to a task"
+        )
+        raise InvalidTask(f"Cannot import the task {path!r}: {why}.")
+    # Not getattr(): a module's __getattr__ (PEP 562) may import more.
+    obj = getattr(module, "__dict__", {}).get(name)
+    if obj is None:
+        raise InvalidTask(
+            f"Cannot import the task {path!r}: module {module_name!r} has no {name!r}."
+        )
+    if not isinstance(obj, Task):
+        raise InvalidTask(
+            f"{path!r} is a {type(obj).__name__}, not a Task: only functions decorated "
+            f"with @task can be run."
+        )
+    return obj
+
+
+def check_loadable(task: Task) -> None:
+    """Raise InvalidTask unless a worker would find `task` by its path."""
+    module_name = task.module_path.rpartition(".")[0]
+    if not is_task_module(module_name):
+        raise InvalidTask(
+            f"A worker would refuse the task {task.module_path!r}: its module "
+            f"{module_name!r} is not a task module of this project, and workers import no "
+            f"other; {how_to_allow(module_name)}."
+        )
+    try:
+        importable = load_task(task.module_path).func is task.func
+    except InvalidTask:
+        importable = False
+    if not importable:
+        raise InvalidTask(
+            f"A worker could not find the task {task.module_path!r} by its path: define it "
+            f"with @task at the top level of a module, under the function's own name."
+        )
