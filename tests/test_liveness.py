@@ -32,11 +32,20 @@ def running(result) -> Job:
 
 
 def a_judge(runjobs):
-    """A runjobs that has been connected for a whole window: it may judge others at once."""
-    judge = runjobs.start()
+    """A runjobs that has been connected for a whole window, so it may judge others at once,
+    and serves another queue, so that it never runs the job under test itself."""
+    judge = runjobs.start("--queue", "emails")
     wait_for(lambda: WorkerHeartbeat.objects.exists())
     time.sleep(LOST_AFTER + 1)
     return judge
+
+
+def beside_a_judge(runjobs):
+    """The judge above and a runjobs for the default queue, both up."""
+    judge = a_judge(runjobs)
+    worker = runjobs.start("--queue", "default")
+    wait_for(lambda: WorkerHeartbeat.objects.count() == 2)
+    return judge, worker
 
 
 def hold_the_database_away(seconds: float) -> None:
@@ -76,8 +85,7 @@ def test_an_outage_longer_than_the_window_takes_no_healthy_worker_for_lost(runjo
 
 
 def test_a_task_holding_the_interpreter_is_not_taken_for_lost(runjobs):
-    judge = a_judge(runjobs)
-    holder = runjobs.start()
+    judge, holder = beside_a_judge(runjobs)
     # Its worker process cannot run a thread for twice the window.
     result = tasks.holds_the_interpreter.enqueue("gil", LOST_AFTER * 2)
 
@@ -105,8 +113,7 @@ def test_a_task_holding_the_interpreter_is_stopped_at_its_timeout(runjobs):
 
 
 def test_a_paused_worker_process_of_a_live_supervisor_is_not_taken_for_lost(runjobs):
-    judge = a_judge(runjobs)
-    supervisor = runjobs.start()
+    judge, supervisor = beside_a_judge(runjobs)
     result = tasks.sleeps_on_first_attempt.enqueue("s", 1)
     child = WorkerHeartbeat.objects.get(worker_id=running(result).worker_id).pid
 

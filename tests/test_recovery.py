@@ -25,11 +25,11 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 LOST_AFTER = timedelta(seconds=settings.JOBSTATE_LOST_AFTER)
 
 
-def wait_for(predicate, timeout=60.0):
+def wait_for(predicate, timeout=60.0, every=0.05):
     deadline = time.monotonic() + timeout
     while not (value := predicate()):
         assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
+        time.sleep(every)
     return value
 
 

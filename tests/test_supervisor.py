@@ -3,7 +3,6 @@ and failures reach every worker and the exit code."""
 
 import json
 import signal
-import time
 
 import pytest
 from django.db import transaction
@@ -25,14 +24,19 @@ def warm_up(count: int = 10) -> None:
 
 
 def test_attempts_held_behind_a_slow_one_are_handed_back_to_other_workers(runjobs):
-    supervisor = runjobs.start("--concurrency", "2")
-    warm_up()
+    holder = runjobs.start()
+    warm_up()  # now it claims in batches
     with transaction.atomic():  # claimed together: the slow job first, the others behind it
         slow = tasks.sleep_then_record.enqueue("slow", 4)
         behind = [tasks.record.enqueue(f"behind {n}") for n in range(20)]
     ids = [result.id for result in behind]
+    slow_worker = wait_for(lambda: Job.objects.get(result_id=slow.id).worker_id)
+    held = Job.objects.filter(result_id__in=ids, attempt=1, worker_id=slow_worker)
+    assert held.exists(), "not claimed in one batch"
+    other = runjobs.start()  # the worker to hand them to
     wait_for(lambda: not Job.objects.filter(result_id__in=[slow.id, *ids]).live().exists())
-    runjobs.stop(supervisor)
+    runjobs.stop(holder)
+    runjobs.stop(other)
 
     slow_done = Job.objects.get(result_id=slow.id).finished_at
     for result in behind:
@@ -45,8 +49,11 @@ def test_attempts_held_behind_a_slow_one_are_handed_back_to_other_workers(runjob
     assert sorted(labels) == sorted(f"behind {n}" for n in range(20))  # each ran once
 
 
-def test_a_timeout_with_every_task_timed_loses_none_of_the_attempts_claimed_with_it(runjobs):
-    runjobs.start(JOBSTATE_TEST_SETTINGS=json.dumps({"JOBSTATE_DEFAULT_TIMEOUT": 30}))
+def test_a_timeout_with_every_task_timed_loses_none_of_the_attempts_claimed_with_it(
+    runjobs, settings
+):
+    settings.JOBSTATE_DEFAULT_TIMEOUT = 30  # read at enqueue: every job has a deadline
+    runjobs.start()
     warm_up()
     with transaction.atomic():
         spin = tasks.busy_loop.enqueue("spin")
@@ -66,7 +73,8 @@ def test_a_timeout_with_every_task_timed_loses_none_of_the_attempts_claimed_with
 
 def test_a_signal_during_start_up_reaches_every_worker(runjobs):
     proc = runjobs.start("--concurrency", "4")
-    time.sleep(0.3)  # the supervisor is still starting its workers
+    # As soon as it starts its workers (its handlers are in place by then).
+    wait_for(lambda: "started 4 worker(s)" in runjobs.output(proc), timeout=60, every=0.001)
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=60)
     assert proc.returncode == 0, runjobs.output(proc)
