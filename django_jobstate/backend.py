@@ -13,6 +13,7 @@ from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ValidationError
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
+from django.tasks.backends.immediate import ImmediateBackend as DjangoImmediateBackend
 from django.tasks.base import TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
@@ -69,28 +70,43 @@ def _check_option(
         )
 
 
+def validate_options(task: Task) -> None:
+    """Refuse bad values of the options JobStateTask adds, naming the task."""
+    _check_option(task, "max_attempts", minimum=1)
+    max_attempts = getattr(task, "max_attempts", None)
+    if max_attempts is not None and (isinstance(max_attempts, float) or max_attempts > 1000):
+        raise InvalidTask(
+            f"max_attempts of task {task.module_path!r} must be a whole number from 1 to "
+            f"1000, not {max_attempts!r}."
+        )
+    _check_option(task, "backoff", minimum=0, maximum=YEAR)
+    _check_option(task, "timeout", minimum=0.001, maximum=YEAR)
+    if not isinstance(atomic := getattr(task, "atomic", False), bool):
+        raise InvalidTask(
+            f"atomic of task {task.module_path!r} must be True or False, not {atomic!r}."
+        )
+
+
+def validate_queue(backend: BaseTaskBackend, task: Task) -> None:
+    """Django's own check, with the valid names in its message."""
+    if backend.queues and task.queue_name not in backend.queues:
+        raise InvalidTask(
+            f"Queue {task.queue_name!r} is not valid for backend {backend.alias!r}; "
+            f"its QUEUES are: {', '.join(sorted(backend.queues))}."
+        )
+
+
 class JobStateBackend(BaseTaskBackend):
     task_class = JobStateTask
     supports_defer = True
-    supports_async_task = False
+    supports_async_task = True
     supports_get_result = True
     supports_priority = True
 
     def validate_task(self, task: Task) -> None:
+        validate_queue(self, task)
         super().validate_task(task)
-        _check_option(task, "max_attempts", minimum=1)
-        max_attempts = getattr(task, "max_attempts", None)
-        if max_attempts is not None and (isinstance(max_attempts, float) or max_attempts > 1000):
-            raise InvalidTask(
-                f"max_attempts of task {task.module_path!r} must be a whole number from 1 to "
-                f"1000, not {max_attempts!r}."
-            )
-        _check_option(task, "backoff", minimum=0, maximum=YEAR)
-        _check_option(task, "timeout", minimum=0.001, maximum=YEAR)
-        if not isinstance(getattr(task, "atomic", False), bool):
-            raise InvalidTask(
-                f"atomic of task {task.module_path!r} must be True or False, not {task.atomic!r}."  # type: ignore[attr-defined]
-            )
+        validate_options(task)
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
         return self.bulk_enqueue(task, [(args, kwargs)])[0]
@@ -157,14 +173,16 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
     first, newest = attempts[0], attempts[-1]
     if task is None:
         task = load_task(newest.task_path)
-    if (task.queue_name, task.priority, task.backend) != (
-        newest.queue_name,
-        newest.priority,
-        newest.backend,
-    ):
-        task = replace(
-            task, queue_name=newest.queue_name, priority=newest.priority, backend=newest.backend
-        )
+    # The task as enqueued: a run_after other than the enqueue time was given to .using().
+    run_after = None if first.run_after == first.enqueued_at else first.run_after
+    options: dict[str, Any] = {
+        "queue_name": newest.queue_name,
+        "priority": newest.priority,
+        "backend": newest.backend,
+        "run_after": run_after,
+    }
+    if any(getattr(task, name) != value for name, value in options.items()):
+        task = replace(task, **options)
     started = [a for a in attempts if a.started_at is not None]
     result: TaskResult[Any, Any] = TaskResult(
         task=task,
@@ -189,3 +207,19 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
     if newest.state == State.SUCCEEDED:
         object.__setattr__(result, "_return_value", newest.return_value)
     return result
+
+
+class ImmediateBackend(DjangoImmediateBackend):
+    """For test settings: runs each task at enqueue(), in the caller's process, as Django's
+    ImmediateBackend does, and accepts every task option of JobStateBackend.
+
+    The options are checked as JobStateBackend checks them, then ignored: one attempt, no
+    timeout, no transaction of its own (atomic), as in a test that calls the task directly.
+    """
+
+    task_class = JobStateTask
+
+    def validate_task(self, task: Task) -> None:
+        validate_queue(self, task)
+        super().validate_task(task)
+        validate_options(task)

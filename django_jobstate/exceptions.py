@@ -19,8 +19,12 @@ class LostRace(Exception):
     """A conditional write matched no row: another writer moved the job first."""
 
 
-class InvalidPayload(ValueError):
-    """Task arguments or a return value that cannot be stored as JSON."""
+class InvalidPayload(TypeError, ValueError):
+    """Task arguments or a return value that cannot be stored as JSON.
+
+    A TypeError, as Django documents (and its backends raise) for arguments that are not
+    JSON; a ValueError too, as it was first.
+    """
 
 
 # Recorded as the error of an attempt that failed without its task raising.

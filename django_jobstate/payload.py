@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from django.utils.json import normalize_json
+
 from .conf import get_settings
 from .exceptions import InvalidPayload
 
@@ -14,7 +16,15 @@ MAX_PAYLOAD_DEPTH = 100
 def encode_payload(value: Any, what: str) -> tuple[Any, str]:
     """Return `value` as it will read back from JSON, and its JSON; or raise InvalidPayload."""
     try:
-        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        try:
+            text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+        except TypeError as exc:
+            # Take what Django's backends take (UTF-8 bytes as text, any mapping, any
+            # sequence); say what json said of anything else.
+            try:
+                text = json.dumps(normalize_json(value), allow_nan=False, ensure_ascii=False)
+            except (TypeError, ValueError):
+                raise exc from None
         size = len(text.encode())  # lone surrogates cannot be stored as text
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(

@@ -31,8 +31,11 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(state__in=TERMINAL_STATES)
 
     def runnable(self, queues: Iterable[str] | None = None) -> JobQuerySet:
-        qs = self.queued().filter(run_after__lte=Now())
-        return qs if queues is None else qs.filter(queue_name__in=list(queues))
+        return self.queued().filter(run_after__lte=Now()).for_queues(queues)
+
+    def for_queues(self, queues: Iterable[str] | None) -> JobQuerySet:
+        """The jobs of those queues (None: of every queue)."""
+        return self if queues is None else self.filter(queue_name__in=list(queues))
 
     def attempts_of(self, result_id: str | uuid.UUID) -> JobQuerySet:
         return self.filter(result_id=result_id).order_by("attempt")

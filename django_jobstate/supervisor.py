@@ -70,11 +70,33 @@ class Child:
     timed_out: int | None = None  # the attempt it was killed for, past its deadline
 
 
+def configure_logging(verbosity: int) -> None:
+    """-v 0: warnings only; -v 1 (default): a line per worker and per attempt; -v 2: debug.
+
+    Without a handler of the project's for these loggers (a fresh startproject has none),
+    lines go to stderr with a time stamp; with one, the project's handler alone.
+    """
+    package_logger = logging.getLogger("django_jobstate")
+    package_logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+    if not package_logger.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        package_logger.addHandler(handler)
+
+
 class Supervisor:
-    def __init__(self, *, concurrency: int = 1, worker_id: str | None = None, **options: Any):
+    def __init__(
+        self,
+        *,
+        concurrency: int = 1,
+        worker_id: str | None = None,
+        verbosity: int = 1,
+        **options: Any,
+    ):
         from .worker import MAX_BATCH
 
         self.concurrency = concurrency
+        self.verbosity = verbosity
         self.base_id = supervisor_id(worker_id)
         self.options = options  # Worker(...) arguments: queues, poll_interval, burst, max_jobs
         self.batch_size = options.pop("max_batch", MAX_BATCH)
@@ -169,7 +191,7 @@ class Supervisor:
         options = {**self.options, "worker_id": worker_id, "max_batch": self.batch_size}
         process = self._context.Process(
             target=run_child,
-            args=(options, logger.getEffectiveLevel(), ledger, os.getpid()),
+            args=(options, self.verbosity, ledger, os.getpid()),
             name=f"runjobs worker {worker_id}",
         )
         process.start()
@@ -302,7 +324,7 @@ class Monitor(threading.Thread):
             )
 
 
-def run_child(options: dict[str, Any], log_level: int, ledger: Ledger, parent: int) -> None:
+def run_child(options: dict[str, Any], verbosity: int, ledger: Ledger, parent: int) -> None:
     """The body of a worker process."""
     _die_with_parent()
     import django
@@ -310,7 +332,7 @@ def run_child(options: dict[str, Any], log_level: int, ledger: Ledger, parent: i
     django.setup()
     from .worker import Worker
 
-    logging.getLogger("django_jobstate").setLevel(log_level)
+    configure_logging(verbosity)  # a spawned process starts with the project's logging only
     # Ctrl-C reaches the whole process group: the supervisor alone decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker = Worker(**options, ledger=ledger, parent=parent)

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TypeVar
 
 from django.db import (
@@ -30,6 +31,7 @@ from django.db import (
     router,
     transaction,
 )
+from django.db.models.functions import Now
 from django.tasks import Task, TaskContext, TaskResult
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_finished, task_started
@@ -69,6 +71,8 @@ MAX_BATCH = 100
 # whenever the claim from its key finds nothing: a job that claim order puts before that
 # key (a higher priority enqueued meanwhile, a run_after in the past) waits at most that.
 RESCAN_AFTER = 1.0
+# A --burst run exits once no job is runnable and none is due within this many seconds.
+BURST_HORIZON = 10.0
 
 
 @dataclass
@@ -151,7 +155,7 @@ class Worker:
                 jobs = self._claim()
                 if jobs:
                     self._run_batch(jobs)
-                elif self.burst:
+                elif self.burst and not self._due_soon():
                     break
                 else:
                     waiter.wait(self.poll_interval)
@@ -160,6 +164,18 @@ class Worker:
             if watchdog:
                 watchdog.finish()
             logger.info("Worker %s stopped after %d jobs", self.worker_id, self.jobs_done)
+
+    def _due_soon(self) -> bool:
+        """Whether a queued job (say, a retry waiting for its backoff) is due within
+        BURST_HORIZON seconds: a --burst run waits for it instead of exiting."""
+        horizon = Now() + timedelta(seconds=BURST_HORIZON)
+        try:
+            return (
+                Job.objects.queued().filter(run_after__lte=horizon).for_queues(self.queues).exists()
+            )
+        except DatabaseError:
+            connections[self.db].close()
+            return True  # the next claim says what is wrong
 
     def _batch_size(self) -> int:
         size = self.max_batch
@@ -192,6 +208,10 @@ class Worker:
             logger.exception("Worker %s could not claim jobs; retrying", self.worker_id)
             self._stopping.wait(self.poll_interval)
             return []
+        if jobs:
+            logger.debug(
+                "Worker %s claimed %d job(s) of %d asked", self.worker_id, len(jobs), limit
+            )
         # A full batch means a backlog: claim the next one from where this one began.
         self._from_key = claim_key(jobs[0]) if len(jobs) == limit else None
         return jobs
@@ -216,7 +236,11 @@ class Worker:
                 # heartbeats stop too): start only the attempts that are still its own.
                 checked, mine = time.monotonic(), self._still_mine(jobs[index:])
             if job.pk not in mine:
-                self._lost_race(job, "it was failed while this worker was not heard from")
+                self._lost_race(
+                    job,
+                    "it was failed meanwhile (handed back by the supervisor, or "
+                    "taken for lost while this worker was not heard from)",
+                )
                 continue
             if job.timeout is not None:
                 self._record(done)  # a timeout ends the process: write what we know first
@@ -369,17 +393,23 @@ class Worker:
         logger.warning("Worker %s: outcome of job %s discarded: %s", self.worker_id, job.pk, why)
 
     def _finished(self, outcome: Outcome) -> None:
-        job = outcome.job
-        logger.log(
-            logging.INFO if outcome.error is None else logging.WARNING,
-            "Job %s %s attempt %d/%d %s in %.3fs",
-            job.pk,
-            job.task_path,
-            job.attempt,
-            job.max_attempts,
-            job.state,
-            outcome.finished - outcome.started,
-        )
+        """Log a recorded outcome and send task_finished (inside an exception handler for a
+        failure, as Django's backends do, so that its log line carries the traceback)."""
+        job, error, took = outcome.job, outcome.error, outcome.finished - outcome.started
+        what = (job.pk, job.task_path, job.attempt, job.max_attempts)
+        if error is None:
+            logger.info("Job %s %s attempt %d/%d succeeded in %.3fs", *what, took)
+        else:
+            described = describe_error(error)
+            logger.warning(
+                "Job %s %s attempt %d/%d failed (%s) in %.3fs: %s: %s",
+                *what,
+                job.failure_reason or outcome.reason,
+                took,
+                described["error_class"],
+                described["error_message"],
+                exc_info=error,
+            )
         try:
             result = to_task_result(
                 [*self._previous_attempts(job), job], self._load_task(job.task_path)
@@ -387,4 +417,10 @@ class Worker:
         except Exception:  # e.g. the task is gone, or the row cannot be a TaskResult
             logger.warning("Job %s: no task_finished signal", job.pk, exc_info=True)
             return
-        task_finished.send(JobStateBackend, task_result=result)
+        if error is None:
+            task_finished.send(JobStateBackend, task_result=result)
+            return
+        try:
+            raise error
+        except BaseException:
+            task_finished.send(JobStateBackend, task_result=result)

@@ -1,5 +1,6 @@
 """Tasks the tests enqueue. Each one that runs records itself in the Execution table."""
 
+import asyncio
 import ctypes
 import os
 import time
@@ -215,3 +216,19 @@ def writes_atomically(context: TaskContext, label: str, seconds: float) -> int:
 def writes_then_fails(label: str) -> None:
     Execution.objects.create(label=label)
     raise ValueError(f"{label} failed after writing")
+
+
+@task(takes_context=True, max_attempts=2, backoff=0)
+async def async_fails_once(context: TaskContext, label: str) -> dict[str, object]:
+    """An async task: its first attempt fails, the second awaits and returns."""
+    await asyncio.sleep(0.01)
+    await Execution.objects.acreate(label=f"{label}:{context.attempt}")
+    if context.attempt == 1:
+        raise ValueError(f"{label} fails first")
+    return {"attempt": context.attempt, "data": b"bytes as text"}
+
+
+@task(timeout=1)
+async def async_overruns(label: str) -> None:
+    await Execution.objects.acreate(label=label)
+    await asyncio.sleep(60)

@@ -249,7 +249,8 @@ def test_enqueue_sends_task_enqueued_with_the_result():
 )
 @pytest.mark.django_db
 def test_arguments_that_are_not_json_are_refused(args, kwargs, message):
-    with pytest.raises(ValueError, match=message):
+    # A TypeError, as Django documents: `except TypeError:` around enqueue() catches it.
+    with pytest.raises(TypeError, match=message):
         record.enqueue(*args, **kwargs)
     assert Job.objects.count() == 0
 
@@ -279,7 +280,11 @@ def test_payload_size_is_limited(settings, args, kwargs, fits):
 @pytest.mark.parametrize(
     ("using", "message"),
     [
-        ({"queue_name": "nope"}, "Queue 'nope' is not valid for backend"),
+        (
+            {"queue_name": "nope"},
+            "Queue 'nope' is not valid for backend 'default'; its QUEUES are: default, "
+            "emails, reports.",
+        ),
         ({"priority": 101}, "priority must be a whole number between -100 and 100"),
         ({"priority": -101}, "priority must be a whole number between -100 and 100"),
     ],
@@ -367,3 +372,39 @@ def test_bulk_enqueue_is_all_or_nothing():
         default_task_backend.bulk_enqueue(record, calls)
 
     assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_arguments_are_taken_as_djangos_backends_take_them():
+    result = record.enqueue(b"bytes")
+
+    assert Job.objects.get().args == ["bytes"]
+    assert result.args == ["bytes"]
+
+
+@pytest.mark.parametrize("run_after", [None, timezone.now() + timedelta(hours=1)])
+@pytest.mark.django_db
+def test_get_result_reads_back_every_field_enqueue_returned(run_after):
+    enqueued = record.using(run_after=run_after, priority=5).enqueue("same")
+
+    read = record.get_result(enqueued.id)
+
+    assert read.task.run_after == run_after
+    assert read.task == enqueued.task
+    fields = ["id", "status", "enqueued_at", "started_at", "finished_at", "args", "kwargs"]
+    assert [getattr(read, f) for f in fields] == [getattr(enqueued, f) for f in fields]
+    assert (read.backend, read.errors, read.worker_ids) == (enqueued.backend, [], [])
+
+
+@pytest.mark.django_db
+def test_the_immediate_backend_for_test_settings_takes_every_task_option(settings):
+    settings.TASKS = {"default": {"BACKEND": "django_jobstate.backend.ImmediateBackend"}}
+    optioned = task(max_attempts=3, backoff=2, timeout=5, atomic=True)(record.func)
+
+    result = optioned.enqueue("at once")
+
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "at once"
+    assert Job.objects.count() == 0  # run in the caller's process, stored nowhere
+    with pytest.raises(InvalidTask, match=re.escape("max_attempts of task 'tests.tasks.record'")):
+        task(max_attempts=0)(record.func)

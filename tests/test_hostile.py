@@ -64,7 +64,7 @@ class Opaque:
         ([{1, 2}], {}, "Object of type set is not JSON"),
         ([Opaque()], {}, "Object of type Opaque is not JSON"),
         ([Decimal("1.5")], {}, "Object of type Decimal is not JSON"),
-        ([b"bytes"], {}, "Object of type bytes is not JSON"),
+        ([b"\xff not UTF-8"], {}, "Object of type bytes is not JSON"),  # UTF-8 is taken
         ([math.nan], {}, "Out of range float values are not JSON compliant"),
         ([math.inf], {}, "Out of range float values are not JSON compliant"),
         ([{(1, 2): "tuple key"}], {}, "keys must be str, int, float, bool or None"),

@@ -109,7 +109,8 @@ def test_a_second_signal_stops_at_once_and_fails_the_attempts_as_interrupted(run
     send(proc, signal.SIGINT, to_group)
     proc.wait(timeout=30)  # not the 60 s of the jobs in hand
 
-    assert proc.returncode == 0, runjobs.output(proc)
+    # Not 0: a supervisor (systemd, Kubernetes, CI) must see that it did not stop cleanly.
+    assert proc.returncode == 128 + signal.SIGINT, runjobs.output(proc)
     for result in never:
         job = Job.objects.get(result_id=result.id)
         assert (job.state, job.failure_reason) == (State.FAILED, FailureReason.INTERRUPTED)
@@ -155,7 +156,8 @@ def test_settings_out_of_range_cannot_crash_a_worker(runjobs):
     done = runjobs.run("--burst", "--skip-checks", JOBSTATE_TEST_SETTINGS=json.dumps(huge))
 
     assert done.returncode == 0, done.stdout
-    assert "Traceback" not in done.stdout, done.stdout
+    assert "Overflow" not in done.stdout, done.stdout
+    assert "stopped after 1 jobs" in done.stdout, done.stdout
     first, retry = Job.objects.filter(result_id=job.result_id).order_by("attempt")
     assert (first.state, first.failure_reason, retry.state) == ("failed", "error", "queued")
     assert retry.run_after - first.finished_at <= timedelta(days=365)  # the clamped cap
@@ -264,3 +266,86 @@ def test_jobs_routed_to_another_database_never_need_default_and_survive_its_rest
     assert worker.returncode == 0, out
     for result in results:
         assert tasks.record_with_retries.get_result(result.id).status == "SUCCESSFUL"
+
+
+def test_without_any_logging_setting_runjobs_still_says_what_it_does(runjobs):
+    tasks.record.enqueue("said")
+    tasks.boom.enqueue("why")
+    no_logging = json.dumps({"LOGGING": {}})  # a fresh startproject's
+
+    out = runjobs.run("--burst", JOBSTATE_TEST_SETTINGS=no_logging).stdout
+    tasks.record.enqueue("in detail")
+    debug = runjobs.run("--burst", "-v", "2", JOBSTATE_TEST_SETTINGS=no_logging).stdout
+
+    assert " started on all queues" in out
+    assert "tests.tasks.record attempt 1/1 succeeded" in out
+    # A failure says what failed, how, and where: the class, the message and the traceback.
+    assert "tests.tasks.boom attempt 1/1 failed (error)" in out
+    assert "builtins.ValueError: why" in out
+    assert "raise ValueError(message)" in out
+    assert out.count("attempt 1/1 succeeded") == 1  # one handler: no line twice
+    assert "claimed" in debug
+
+
+def test_runjobs_before_migrate_says_so_and_exits_non_zero(runjobs, tmp_path):
+    empty = {
+        "DATABASES": {
+            "default": {
+                "ENGINE": "django.db.backends.sqlite3",
+                "NAME": str(tmp_path / "new.sqlite3"),
+            }
+        }
+    }
+
+    done = runjobs.run("--burst", JOBSTATE_TEST_SETTINGS=json.dumps(empty), timeout=60)
+
+    assert done.returncode == 1
+    assert "run `python manage.py migrate` first" in done.stdout
+    assert "Traceback" not in done.stdout
+
+
+def test_runjobs_refuses_to_start_when_no_tasks_alias_uses_this_backend(runjobs):
+    tasks.record.enqueue("not for a foreign backend")
+    foreign = {"TASKS": {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}}
+
+    done = runjobs.run("--burst", JOBSTATE_TEST_SETTINGS=json.dumps(foreign), timeout=60)
+
+    assert done.returncode == 1
+    assert "No TASKS alias uses django_jobstate.backend.JobStateBackend" in done.stdout
+    assert Job.objects.get().state == State.QUEUED  # not claimed and failed
+
+
+def test_a_queue_no_configuration_knows_is_named_with_the_known_ones(runjobs):
+    done = runjobs.run("--burst", "--queue", "emials")
+
+    assert done.returncode == 0
+    assert "--queue emials: no TASKS alias lists that queue (known: default, emails, reports)" in (
+        done.stdout
+    )
+
+
+def test_a_burst_run_waits_for_a_retry_due_soon(runjobs):
+    result = tasks.fails_first_attempt.enqueue()  # its retry waits 1 to 2 s
+
+    done = runjobs.run("--burst")
+
+    assert done.returncode == 0, done.stdout
+    assert tasks.fails_first_attempt.get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+
+
+def test_an_async_task_runs_as_a_sync_one_does(runjobs):
+    ok = tasks.async_fails_once.enqueue("a")
+    late = tasks.async_overruns.enqueue("late")
+    done = runjobs.run("--burst")
+
+    assert done.returncode == 0, done.stdout
+    result = tasks.async_fails_once.get_result(ok.id)
+    assert result.status == TaskResultStatus.SUCCESSFUL
+    # Retried (takes_context saw the attempt), its return value normalized as Django does.
+    assert result.return_value == {"attempt": 2, "data": "bytes as text"}
+    assert [e.exception_class_path for e in result.errors] == ["builtins.ValueError"]
+    assert len(result.worker_ids) == 2
+    stopped = tasks.async_overruns.get_result(late.id)
+    assert stopped.status == TaskResultStatus.FAILED
+    assert Job.objects.get(result_id=late.id).failure_reason == FailureReason.TIMEOUT
+    assert sorted(Execution.objects.values_list("label", flat=True)) == ["a:1", "a:2", "late"]

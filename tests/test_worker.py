@@ -376,3 +376,21 @@ def test_losing_the_database_before_the_body_starts_is_not_the_tasks_error():
     claimed.refresh_from_db()
     assert (claimed.state, claimed.return_value) == (State.SUCCEEDED, "again")
     assert executions() == ["again"]
+
+
+def test_a_failure_is_logged_with_its_class_message_reason_and_traceback(caplog):
+    from tests.tasks import boom
+
+    boom.enqueue("why it failed")
+
+    with caplog.at_level(logging.INFO):
+        Worker(burst=True).run()
+
+    [ours] = [r for r in caplog.records if r.name == "django_jobstate.worker" and r.exc_info]
+    assert "failed (error)" in ours.getMessage()
+    assert "builtins.ValueError: why it failed" in ours.getMessage()
+    # Django's own line, from task_finished, carries the traceback too (admin e-mails).
+    [django] = [
+        r for r in caplog.records if r.name == "django.tasks" and "FAILED" in r.getMessage()
+    ]
+    assert django.exc_info[0] is ValueError

@@ -9,7 +9,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_jobstate.management.arguments import positive_float, positive_int, queue_name
-from django_jobstate.supervisor import Supervisor
+from django_jobstate.supervisor import Supervisor, configure_logging
 
 logger = logging.getLogger("django_jobstate.worker")
 
@@ -58,14 +58,17 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        refuse_to_start(options["queues"])
         supervisor = Supervisor(
             concurrency=options["concurrency"],
             worker_id=options["worker_id"],
+            verbosity=options["verbosity"],
             queues=options["queues"],
             poll_interval=options["poll_interval"],
             burst=options["burst"],
             max_jobs=options["max_jobs"],
         )
+        forced: list[int] = []
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             name = signal.Signals(signum).name
@@ -76,11 +79,17 @@ class Command(BaseCommand):
                 supervisor.stop()
             else:
                 logger.warning("%s received again: stopping at once", name)
+                forced.append(signum)
                 supervisor.interrupt()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
         supervisor.run()
+        if forced:  # as a shell reports a process ended by that signal
+            raise CommandError(
+                "Stopped at once: the running attempts failed as interrupted.",
+                returncode=128 + forced[0],
+            )
         if supervisor.unavailable:
             raise CommandError(
                 "A worker could not reach the database, so the jobs left queued are not "
@@ -89,11 +98,37 @@ class Command(BaseCommand):
             )
 
 
-def configure_logging(verbosity: int) -> None:
-    """-v 0: warnings only; -v 1 (default): a line per worker and per attempt; -v 2: debug."""
-    package_logger = logging.getLogger("django_jobstate")
-    package_logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
-    if not package_logger.hasHandlers():
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        package_logger.addHandler(handler)
+def refuse_to_start(queues: list[str] | None) -> None:
+    """Say why runjobs cannot do its job, before any worker starts; warn of unknown queues."""
+    from django.db import DatabaseError, connections, router
+    from django.tasks import task_backends
+
+    from django_jobstate.backend import JobStateBackend
+    from django_jobstate.models import Job
+
+    backends = [b for b in task_backends.all() if isinstance(b, JobStateBackend)]
+    if not backends:
+        raise CommandError(
+            "No TASKS alias uses django_jobstate.backend.JobStateBackend, so no job that "
+            "runjobs could run is ever enqueued (and running other backends' jobs here "
+            'would fail them). Set TASKS = {"default": {"BACKEND": '
+            '"django_jobstate.backend.JobStateBackend"}}.'
+        )
+    db = router.db_for_write(Job)
+    try:
+        tables = connections[db].introspection.table_names()
+    except DatabaseError as exc:
+        raise CommandError(f"Cannot reach the database {db!r}: {exc}") from None
+    if Job._meta.db_table not in tables:
+        raise CommandError(
+            f"The job table {Job._meta.db_table!r} does not exist in the database {db!r}: "
+            f"run `python manage.py migrate` first."
+        )
+    known = {name for backend in backends for name in backend.queues}
+    for name in sorted(set(queues or []) - known) if known else []:
+        logger.warning(
+            "--queue %s: no TASKS alias lists that queue (known: %s); its workers will "
+            "wait for jobs that enqueue() refuses",
+            name,
+            ", ".join(sorted(known)),
+        )
