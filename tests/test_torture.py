@@ -9,6 +9,7 @@ Below it, what torture runs found, each reproduced on purpose: a strict xfail wh
 a bug, a plain test once fixed.
 """
 
+import contextlib
 import json
 import os
 import signal
@@ -190,6 +191,8 @@ def test_sigterm_while_a_worker_is_being_replaced_still_stops_runjobs(runjobs):
 
 
 # Found by the torture run (as executions after their attempt had failed), fixed in ce609a5.
+# Since 0052bdc a paused worker process of a live supervisor is only slow (its supervisor
+# beats for it): a worker is taken for lost when its whole supervisor is paused.
 @pytest.mark.django_db(transaction=True)
 def test_a_worker_resumed_after_being_taken_for_lost_starts_none_of_its_failed_attempts(
     runjobs,
@@ -202,17 +205,17 @@ def test_a_worker_resumed_after_being_taken_for_lost_starts_none_of_its_failed_a
         tasks.sleeps_on_first_attempt.enqueue("sleeper", 2)
         ids = [tasks.record.enqueue(f"behind {n}").id for n in range(3)]
     wait_for(lambda: Execution.objects.filter(label="sleeper:1").exists())
+    # Supervisor and worker, before the supervisor hands back the attempts held behind
+    # the sleeper (after half a second of it).
+    os.killpg(paused.pid, signal.SIGSTOP)
     sleeper = Job.objects.get(task_path__endswith="sleeps_on_first_attempt", attempt=1)
-    claimed = Job.objects.filter(result_id__in=ids).values_list("worker_id", flat=True)
-    assert set(claimed) == {sleeper.worker_id}, "not claimed in one batch"
-    child = WorkerHeartbeat.objects.get(worker_id=sleeper.worker_id).pid
-
-    os.kill(child, signal.SIGSTOP)
+    behind = Job.objects.filter(result_id__in=ids, attempt=1)
+    assert {job.worker_id for job in behind} == {sleeper.worker_id}, "not claimed in one batch"
     try:
         runjobs.start()  # a live worker, to take the paused one for lost
-        wait_for(lambda: Job.objects.filter(result_id__in=ids, state=State.FAILED).count() == 3)
+        wait_for(lambda: behind.filter(state=State.FAILED).count() == 3)
     finally:
-        os.kill(child, signal.SIGCONT)
+        os.killpg(paused.pid, signal.SIGCONT)
     # Resumed, the worker finishes the sleeper (its outcome is refused), then its batch.
     wait_for(lambda: f"outcome of job {sleeper.pk} discarded" in runjobs.output(paused))
     deadline = time.monotonic() + 4
@@ -220,9 +223,31 @@ def test_a_worker_resumed_after_being_taken_for_lost_starts_none_of_its_failed_a
     while not ran.exists() and time.monotonic() < deadline:
         time.sleep(0.1)
 
-    failed = Job.objects.filter(result_id__in=ids).values_list("failure_reason", flat=True)
-    assert list(failed) == [FailureReason.LOST] * 3
+    failed = list(behind.values_list("failure_reason", flat=True))
+    assert failed == [FailureReason.LOST] * 3, "handed back before the pause: nothing tested"
     assert not ran.exists(), "the resumed worker ran attempts that had already failed"
+
+
+# The torture run used to excuse an overrun recorded as succeeded when its worker process
+# had been SIGSTOPped across the deadline, watchdog thread and all (the body's success won
+# over the late watchdog). The supervisor now kills at the deadline, stopped or not.
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_stopped_across_its_attempts_deadline_is_killed_at_the_deadline(runjobs):
+    supervisor = runjobs.start()
+    result = tasks.sleeps_on_first_attempt_with_a_timeout.enqueue("stopped", 2)
+    wait_for(lambda: Execution.objects.filter(label="stopped:1").exists())
+    first = Job.objects.get(result_id=result.id, attempt=1)
+    child = WorkerHeartbeat.objects.get(worker_id=first.worker_id).pid
+    os.kill(child, signal.SIGSTOP)  # before its 1 s timeout; the body would return at 2 s
+    try:
+        wait_for(lambda: Job.objects.get(pk=first.pk).state != State.RUNNING, timeout=30)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(child, signal.SIGCONT)
+    first.refresh_from_db()
+    assert first.failure_reason == FailureReason.TIMEOUT, runjobs.output(supervisor)
+    assert first.finished_at - first.started_at < timedelta(seconds=2)
+    wait_for(lambda: Job.objects.filter(result_id=result.id, state=State.SUCCEEDED).exists())
 
 
 @pytest.mark.django_db(transaction=True)
