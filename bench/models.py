@@ -11,7 +11,8 @@ class Execution(models.Model):
     """A task body started for one attempt; written by the body itself (torture_tasks.py)."""
 
     result_id = models.UUIDField(db_index=True)
-    attempt = models.PositiveIntegerField()
+    attempt = models.PositiveIntegerField()  # Job.attempt
+    context_attempt = models.PositiveIntegerField()  # TaskContext.attempt, as the body saw it
     pid = models.PositiveIntegerField()
     worker_id = models.CharField(max_length=64)
     # The attempt's state as the INSERT that wrote this row saw it: "running", unless the
@@ -19,6 +20,9 @@ class Execution(models.Model):
     seen_state = models.CharField(max_length=16, blank=True)
     # The database clock, like the Job's started_at/finished_at.
     recorded_at = models.DateTimeField(db_default=Now())
+    # Set by a body planned to overrun its timeout that is still alive after it: its
+    # process should have been killed at the deadline.
+    ended_at = models.DateTimeField(null=True)
 
     class Meta:
         app_label = "bench"

@@ -4,75 +4,103 @@
     eval "$(scripts/pg start)"     # PostgreSQL: PG* variables and JOBSTATE_PG_CTL
     python bench/torture.py --db postgres --jobs 5000 --supervisors 3 --concurrency 3 \\
         --duration 180 [--seed N]
-    python bench/torture.py --db sqlite --jobs 1000 --supervisors 2 --concurrency 2 --duration 60
+    python bench/torture.py --db sqlite --jobs 1500 --supervisors 2 --concurrency 2 --duration 90
     eval "$(scripts/pg stop)"
 
 It creates its own database (PostgreSQL: a new database on the PG* server, dropped at the
 end; SQLite: a temporary file), enqueues --jobs tasks (bench/torture_tasks.py) due over the
 first 90% of the faults, and starts --supervisors `manage.py runjobs --concurrency C`
-processes (settings: bench/torture_settings.py; heartbeat 0.5 s, lost after 4 s). For
---duration seconds it then SIGKILLs random worker processes (the pids of the
-WorkerHeartbeat rows) and whole supervisors (killpg), starting a new supervisor for each
-one killed; SIGSTOPs workers for longer than the lost-after window (they are rescued, and
-their late outcomes must be refused) and for less (they must not be); and restarts
-PostgreSQL once (`$JOBSTATE_PG_CTL restart -m fast -w`). Then, with no fault left, it
-waits until every logical task is terminal (bound: the lost-after window plus
---drain-margin), stops the supervisors, prints a table of figures and exits 1 if a
-must-be-zero figure is not zero.
+processes (settings: bench/torture_settings.py; heartbeat 0.5 s, lost after 4 s, every
+attempt with a timeout: JOBSTATE_DEFAULT_TIMEOUT 12 s). They all get the same --worker-id,
+and on PostgreSQL their clocks are skewed in turn by -/+/0 --skew seconds
+(tests/clock_skew; SQLite uses the writing process's clock by design). For
+--duration seconds it then:
+- SIGKILLs random worker processes (the pids of the WorkerHeartbeat rows) and whole
+  supervisors (killpg), starting a new supervisor for each one killed;
+- SIGSTOPs worker processes (not their supervisors) for longer than the lost-after window
+  (preferring one in an attempt whose deadline falls in the pause: its supervisor must
+  kill it at the deadline, stopped or not) and for less: a paused worker is a slow
+  attempt, never lost, since its supervisor heartbeats for it;
+- takes the database away for longer than the lost-after window (PostgreSQL: `pg_ctl stop`,
+  then `start`; SQLite: another connection holds the write lock with BEGIN IMMEDIATE, as a
+  long bulk enqueue would), and restarts PostgreSQL once (`$JOBSTATE_PG_CTL restart`);
+- on PostgreSQL, as root, runs one more supervisor on a worker host of its own (a network
+  namespace reaching the server over a veth, tests/netns.py, through bench/torture_proxy.py)
+  and cuts that link for longer than the window, then restores it: its attempts are
+  rescued by the others, its late outcomes refused. Not root: skipped, with a note.
+Those that take the database or the network away run one at a time, apart from each
+other. Then, with no fault left, it waits until every logical task is terminal (bound: the
+lost-after window plus --drain-margin), stops the supervisors, prints a table of figures
+and exits 1 if a must-be-zero figure is not zero.
 
 Every task body first inserts an Execution row keyed by (result id, attempt), stamped by
 the database clock and holding the attempt's state as that INSERT saw it; then it sleeps
-(some), fails (a hash of (seed, result id, attempt) decides) or overruns its timeout (the
-first attempt of an `overrun` task). So, per attempt, the plan says what must happen. The
-mix: 1% `overrun` tasks (3 attempts, timeout 1 s), 20% `once` tasks (one attempt, the
-default), the rest `flaky` (5 attempts); 10% of them sleep 0.2-1.5 s; each attempt fails
-with probability --fail-rate. --seed fixes the mix and the schedule of faults; the result
-ids (uuid4), and so which attempts fail, and the timing differ from run to run.
+(some), fails (a hash of (seed, result id, attempt) decides) or overruns its timeout. So,
+per attempt, the plan says what must happen. The mix: 1% `overrun` tasks (3 attempts,
+timeout 1 s: the first sleeps 3 s), --gil-jobs tasks that hold the interpreter (ctypes
+usleep, no other thread of the process runs) for the lost-after window plus 2 s on their
+first attempt, half of them with a 1 s timeout that must stop them, half without (the
+12 s default) that must succeed and not be taken for lost; 20% `once` tasks (one attempt,
+the default), the rest `flaky` (5 attempts); 10% of them sleep 0.2-1.5 s; 2% (at least 2)
+raise errors that are hard to store (a NUL, a lone surrogate, a str() that raises) in 3
+of 4 attempts; any other attempt fails with probability --fail-rate. --seed fixes the mix
+and the schedule of faults; the result ids, and so which attempts fail, and the timing
+differ from run to run.
 
 Why each check is sound:
 - Executions of an attempt after it was already failed: an Execution row whose attempt was
   failed before it was written (its recorded_at is after the attempt's finished_at, both by
   the database clock, or its INSERT saw the attempt no longer running). A body records at
-  its start, so a body paused *after* recording writes nothing when resumed. One legitimate
-  case remains: a worker process SIGSTOPped between claiming an attempt and starting its
-  body is taken for lost, its attempt failed; resumed, it starts the body. No queue can
-  prevent that without the task fencing its own writes, so an execution written by a
-  process that this script paused between the attempt's start and the execution is
-  listed apart, not counted. Anything else (a worker running an attempt it no longer owns
-  without having been paused) counts. (Workers claim in batches; a resumed worker checks
-  which attempts of its batch are still its own before it starts them, so the window is
-  that check to the body's first statement.)
+  its start, so a body paused *after* recording writes nothing when resumed. One case no
+  queue can rule out without the task fencing its own writes is listed apart: a worker
+  host cut off between claiming an attempt and its body's first statement, taken for lost
+  meanwhile, that starts the body once the link is back. A SIGSTOPped worker is no longer
+  excused: its supervisor heartbeats for it, so its attempts are never taken for lost.
+- A handed-back attempt that ran: an Execution row for an attempt failed as `released`
+  (its supervisor took it back before the worker started it).
 - Attempts run twice: two Execution rows for one (result id, attempt). The body never
   retries its INSERT, and a retry of the task is a new attempt number.
 - More than one live attempt: sampled with a GROUP BY query about five times a second
   during the run, and once at the end (a partial unique constraint forbids it).
-- Tasks that should have succeeded and did not: a task whose plan lets some attempt up to
-  max_attempts succeed, that ended failed, unless each of its attempts that should have
-  succeeded was failed by a fault (lost, interrupted, a timeout, a database outage): kills
-  consume attempts (the `once` tasks have one, the default), so those are counted apart,
-  as "failed only through faults". An attempt whose outcome contradicts its plan (a
-  planned failure that succeeded, an overrun that was not stopped) is counted too.
-- Attempts whose outcome contradicts their plan: a planned failure that succeeded, or an
-  overrun that was not stopped by its timeout. One case is listed apart: an overrun whose
-  worker process was paused across its deadline, watchdog thread included; resumed, its
-  body returns at once and its success races the late watchdog (a known bug, reproduced
-  in tests/test_torture.py). On SQLite a paused process that holds the write lock stops
-  every writer, rescuers included, until it is resumed.
-- Kill -> rescue: the time from the SIGKILL (or SIGSTOP) to the finished_at of each attempt
-  its worker was running, database clock (this script's clock plus the offset measured at
-  the start; the database runs on the same host).
+- Attempt chains: numbers without gaps, every attempt but the last failed, a retry after
+  each failure while the task has attempts left; a released attempt's successor has one
+  more max_attempts (released attempts do not use up the task's attempts).
+- Tasks that should have succeeded and did not: a task whose plan lets some attempt that
+  could run (not a released one, up to its max_attempts) succeed, that ended failed,
+  unless each of its attempts that should have succeeded was failed by a fault (lost,
+  interrupted, a timeout, a database outage): kills consume attempts (the `once` tasks
+  have one, the default), so those are counted apart, as "failed only through faults".
+- Attempts whose outcome contradicts their plan: a planned failure that succeeded, an
+  overrun that was not stopped by its timeout (there is no exception left: the supervisor
+  kills at the deadline even while the worker is SIGSTOPped), a planned failure stored
+  with another error or message (the unstorable ones must be stored escaped).
+- Timeouts not enforced: a body planned to overrun that was still alive after its sleep
+  or hold (it marks its Execution row), or a timeout the worker found itself more than a
+  second late (the supervisor should have killed it first).
+- Attempts of healthy workers taken for lost: failed as lost, though their worker was
+  never killed, its supervisor never killed, its host never cut off; reported by cause
+  (during an outage, holding the interpreter, SIGSTOPped, on a skewed clock).
+- Times off the database clock: an attempt started (claimed, or its body's first
+  statement) before its run_after, or a start or finish time out of order with its
+  enqueue time and the end of the run, by the database clock: a supervisor whose clock is
+  an hour off must neither claim early nor write its own times.
+- Kill -> rescue: the time from the SIGKILL (or the cut) to the finished_at of each
+  attempt its worker was running, database clock (this script's clock plus the offset
+  measured at the start; the database runs on the same host).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
 import random
 import shlex
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -89,9 +117,12 @@ if __package__ in (None, ""):  # run as a script: import bench.*, not bench/benc
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = "bench.torture_settings"
-LONG_PAUSE_EXTRA = 2.0  # a long pause lasts LOST_AFTER + this
+WINDOW_EXTRA = 2.0  # a long pause, an outage, a cut or a held interpreter: LOST_AFTER + this
 SHORT_PAUSE = 1.0
+UGLY_FAIL_RATE = 0.75  # planned failures per attempt of the tasks with unstorable errors
+CUT_WAIT = 10.0  # seconds the cut may wait for the partitioned host to run an attempt
 SPREAD = 0.9  # jobs are due over this fraction of --duration
+WORKER_ID = "torture"  # every supervisor's --worker-id: the same, on purpose
 T = TypeVar("T")
 
 
@@ -111,7 +142,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--pauses", type=int, help="long and short SIGSTOPs, each; default: duration/45, at least 1"
     )
+    parser.add_argument(
+        "--outages",
+        type=int,
+        help="database outages longer than the lost-after window; default: duration/90, at least 1",
+    )
     parser.add_argument("--no-restart", action="store_true", help="do not restart PostgreSQL")
+    parser.add_argument(
+        "--no-partition", action="store_true", help="no partitioned worker host (PostgreSQL)"
+    )
+    parser.add_argument(
+        "--skew", type=float, default=3600.0, help="seconds of clock skew of some supervisors"
+    )
     parser.add_argument(
         "--fail-rate", type=float, default=0.25, help="planned failures per attempt"
     )
@@ -121,6 +163,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--once-fraction", type=float, default=0.2, help="jobs with one attempt")
     parser.add_argument(
         "--overrun-fraction", type=float, default=0.01, help="jobs that time out once"
+    )
+    parser.add_argument(
+        "--gil-jobs", type=int, help="jobs that hold the interpreter; default: jobs/250, at least 2"
+    )
+    parser.add_argument(
+        "--ugly-fraction",
+        type=float,
+        default=0.02,
+        help="jobs whose errors are hard to store (at least 2)",
     )
     parser.add_argument(
         "--drain-margin", type=float, default=30.0, help="seconds, beyond lost-after"
@@ -139,12 +190,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         options.supervisor_kills = max(1, round(d / 60))
     if options.pauses is None:
         options.pauses = max(1, round(d / 45))
+    if options.outages is None:
+        options.outages = max(1, round(d / 90))
+    if options.gil_jobs is None:
+        options.gil_jobs = max(2, round(options.jobs / 250))
     options.restart = options.db == "postgres" and not options.no_restart
-    if options.restart and not os.environ.get("JOBSTATE_PG_CTL"):
+    needs_pg_ctl = options.restart or (options.db == "postgres" and options.outages)
+    if needs_pg_ctl and not os.environ.get("JOBSTATE_PG_CTL"):
         parser.error(
-            "restarting PostgreSQL needs JOBSTATE_PG_CTL: run under "
-            '`eval "$(scripts/pg start)"`, or pass --no-restart'
+            "restarting and stopping PostgreSQL needs JOBSTATE_PG_CTL: run under "
+            '`eval "$(scripts/pg start)"`, or pass --no-restart --outages 0'
         )
+    options.partition = options.db == "postgres" and not options.no_partition
     return options
 
 
@@ -153,15 +210,18 @@ class Supervisor:
     index: int
     proc: subprocess.Popen[bytes]
     log: Path
+    skew: float = 0.0  # seconds its clock is off
+    host: str = ""  # the network namespace it runs in, if not this host's
     killed: bool = False
+    base: str | None = None  # its worker ids' prefix (--worker-id plus a random part)
 
     @property
     def pid(self) -> int:
         return self.proc.pid
 
     @property
-    def prefix(self) -> str:
-        return f"torture-s{self.index}/"
+    def prefix(self) -> str | None:
+        return None if self.base is None else f"{self.base}/"
 
     @property
     def alive(self) -> bool:
@@ -195,6 +255,53 @@ class Database:
             )
 
 
+class Partition:
+    """A worker host of its own: a network namespace reaching the server over a veth pair,
+    through a forwarder in the database host's namespace (bench/torture_proxy.py)."""
+
+    def __init__(self, run_dir: Path) -> None:
+        from tests import netns
+
+        self.network = netns.Network(tag=f"t{os.getpid()}")
+        try:
+            db = self.network.namespace("db")
+            self.host = self.network.namespace("w1")
+            self.link = self.network.link(db, self.host)
+            port = os.environ["PGPORT"]
+            socket_path = Path(os.environ["JOBSTATE_PG_DIR"]) / f".s.PGSQL.{port}"
+            self.proxy = subprocess.Popen(
+                db.exec_args(
+                    sys.executable,
+                    "-m",
+                    "bench.torture_proxy",
+                    self.link.db_address,
+                    port,
+                    str(socket_path),
+                ),
+                cwd=ROOT,
+                stdout=subprocess.PIPE,
+                stderr=(run_dir / "proxy.log").open("wb"),
+            )
+            assert self.proxy.stdout is not None
+            if self.proxy.stdout.readline().strip() != b"ready":
+                raise RuntimeError(f"the forwarder did not start: see {run_dir / 'proxy.log'}")
+        except BaseException:
+            self.close()
+            raise
+        self.env = {"PGHOST": self.link.db_address, "PGPORT": port}
+
+    @staticmethod
+    def unavailable() -> str | None:
+        from tests import netns
+
+        if not os.environ.get("JOBSTATE_PG_DIR"):
+            return "no JOBSTATE_PG_DIR (the server's Unix socket): run under scripts/pg start"
+        return netns.unavailable()
+
+    def close(self) -> None:
+        self.network.close()  # kills what runs in the namespaces, the forwarder included
+
+
 class Torture:
     def __init__(self, options: argparse.Namespace, run_dir: Path) -> None:
         self.options = options
@@ -207,6 +314,12 @@ class Torture:
         self.faults = Faults()
         self.offset = 0.0  # database clock minus this process's clock, in seconds
         self.last_sample = 0.0
+        self.last_learned = 0.0
+        self.partition: Partition | None = None
+        # A fault in progress that takes the database or the network away, and when it ends.
+        self.away: tuple[float, Any] | None = None
+        self.lock: sqlite3.Connection | None = None  # SQLite: holds the write lock
+        self.cut_waits = 0
 
     # ---------------------------------------------------------------- set-up
 
@@ -217,6 +330,18 @@ class Torture:
         call_command("migrate", run_syncdb=True, verbosity=0)
         self.lost_after = float(settings.JOBSTATE_LOST_AFTER)
         self.offset = self._measure_offset()
+        if self.options.skew and self.options.db == "sqlite":
+            print(
+                "  NOTE: no skewed clocks on SQLite: the app writes the times of a job with "
+                "the writing process's clock there (one machine, one clock; see _now_sql)"
+            )
+            self.options.skew = 0.0
+        if self.options.partition:
+            if reason := Partition.unavailable():
+                print(f"  NOTE: no network partition in this run: {reason}")
+                self.options.partition = False
+            else:
+                self.partition = Partition(self.run_dir)
 
     def _measure_offset(self) -> float:
         from django.db import connection
@@ -244,54 +369,83 @@ class Torture:
         from bench import torture_tasks as tt
 
         o, rng = self.options, self.rng
+        held = self.lost_after + WINDOW_EXTRA
         n_overrun = max(1, round(o.jobs * o.overrun_fraction)) if o.overrun_fraction else 0
+        n_gil = min(o.gil_jobs, o.jobs - n_overrun)
+        n_ugly = min(max(2, round(o.jobs * o.ugly_fraction)), o.jobs - n_overrun - n_gil)
         n_once = round(o.jobs * o.once_fraction)
         specs = []
         for i in range(o.jobs):
             if i < n_overrun:
-                specs.append((tt.overrun, tt.OVERRUN, 3.0))
-                continue
-            sleeps = rng.random() < o.sleep_fraction
-            kind, seconds = (tt.SLEEP, round(rng.uniform(0.2, 1.5), 2)) if sleeps else (tt.PLAIN, 0)
-            specs.append((tt.once if i < n_overrun + n_once else tt.flaky, kind, seconds))
+                specs.append((tt.overrun, tt.OVERRUN, 3.0, o.fail_rate))
+            elif i < n_overrun + n_gil:  # half past a 1 s timeout, half with none of its own
+                if (i - n_overrun) % 2 == 0:
+                    specs.append((tt.overrun, tt.GIL_OVERRUN, held, o.fail_rate))
+                else:
+                    specs.append((tt.flaky, tt.GIL_HOLD, held, o.fail_rate))
+            elif i < n_overrun + n_gil + n_ugly:  # mostly failing, to raise those errors
+                specs.append((tt.once if i % 2 else tt.flaky, tt.UGLY, 0, UGLY_FAIL_RATE))
+            else:
+                task = tt.once if i < n_overrun + n_gil + n_ugly + n_once else tt.flaky
+                if rng.random() < o.sleep_fraction:
+                    specs.append((task, tt.SLEEP, round(rng.uniform(0.2, 1.5), 2), o.fail_rate))
+                else:
+                    specs.append((task, tt.PLAIN, 0, o.fail_rate))
         rng.shuffle(specs)
         now = timezone.now()
         for start in range(0, len(specs), 250):
             with transaction.atomic():
-                for task, kind, seconds in specs[start : start + 250]:
+                for task, kind, seconds, fail_rate in specs[start : start + 250]:
                     run_after = now + timedelta(seconds=rng.uniform(0, SPREAD * o.duration))
-                    task.using(run_after=run_after).enqueue(o.seed, kind, seconds, o.fail_rate)
+                    task.using(run_after=run_after).enqueue(o.seed, kind, seconds, fail_rate)
 
     # ----------------------------------------------------------- supervisors
 
-    def start_supervisor(self) -> Supervisor:
+    def start_supervisor(self, *, host: str = "") -> Supervisor:
         index = len(self.supervisors)
         log = self.run_dir / f"runjobs-s{index}.log"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        skew = 0.0
+        if host:
+            assert self.partition is not None
+            env.update(self.partition.env)
+        elif self.options.skew:  # in turn: an hour behind, an hour ahead, on time
+            here = sum(not s.host for s in self.supervisors)
+            skew = (-self.options.skew, self.options.skew, 0.0)[here % 3]
+        if skew:
+            clock = str(ROOT / "tests" / "clock_skew")
+            env["PYTHONPATH"] = os.pathsep.join(filter(None, [clock, env.get("PYTHONPATH")]))
+            env["JOBSTATE_TEST_CLOCK_SKEW"] = str(skew)
+        command = [
+            sys.executable,
+            str(ROOT / "manage.py"),
+            "runjobs",
+            "--concurrency",
+            str(self.options.concurrency),
+            "--worker-id",
+            WORKER_ID,
+            "--verbosity",
+            "0",
+        ]
+        if host:
+            assert self.partition is not None
+            command = self.partition.host.exec_args(*command)
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    str(ROOT / "manage.py"),
-                    "runjobs",
-                    "--concurrency",
-                    str(self.options.concurrency),
-                    "--worker-id",
-                    f"torture-s{index}",
-                    "--verbosity",
-                    "0",
-                ],
+                command,
                 cwd=ROOT,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+                env=env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        supervisor = Supervisor(index, proc, log)
+        supervisor = Supervisor(index, proc, log, skew, host)
         self.supervisors.append(supervisor)
         return supervisor
 
-    def live_supervisors(self) -> list[Supervisor]:
-        return [s for s in self.supervisors if not s.killed and s.alive]
+    def live_supervisors(self, *, here: bool = False) -> list[Supervisor]:
+        """Ours, not killed; with `here`, only those on this host (not partitioned)."""
+        return [s for s in self.supervisors if not s.killed and s.alive and not (here and s.host)]
 
     def wait_for_workers(self, count: int, timeout: float = 90.0) -> None:
         from django_jobstate.models import WorkerHeartbeat
@@ -301,6 +455,7 @@ class Torture:
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{count} workers did not start within {timeout:g} s")
             time.sleep(0.2)
+        self.learn()
 
     def owner(self, pid: int) -> Supervisor | None:
         """The live supervisor of ours whose process group holds `pid`, if any."""
@@ -310,11 +465,35 @@ class Torture:
             return None
         return next((s for s in self.live_supervisors() if s.pid == group), None)
 
+    def learn(self) -> None:
+        """Learn each supervisor's worker-id prefix from the WorkerHeartbeat rows.
+
+        They were all started with the same --worker-id: runjobs adds a random part, and
+        the pid of each row tells whose it is (its process group).
+        """
+        from django_jobstate.models import WorkerHeartbeat
+
+        rows = self.guarded(
+            lambda: list(WorkerHeartbeat.objects.values_list("worker_id", "pid")), []
+        )
+        for worker_id, pid in rows:
+            supervisor = self.owner(pid)
+            if supervisor is None or "/" not in worker_id:
+                continue
+            base = worker_id.rsplit("/", 1)[0]
+            if supervisor.base is None:
+                supervisor.base = base
+                self.faults.supervisors[base] = (supervisor.index, supervisor.skew, supervisor.host)
+            elif supervisor.base != base:
+                self.faults.id_clashes.add(f"s{supervisor.index}: {supervisor.base} and {base}")
+        bases = [s.base for s in self.supervisors if s.base is not None]
+        self.faults.id_clashes.update(f"{b} named twice" for b in bases if bases.count(b) > 1)
+
     # ---------------------------------------------------------------- faults
 
     def schedule(self) -> list[tuple[float, str]]:
         o, rng, d = self.options, self.rng, self.options.duration
-        long_pause = self.lost_after + LONG_PAUSE_EXTRA
+        long_pause = self.lost_after + WINDOW_EXTRA
         events = [(rng.uniform(0.05, 0.85) * d, "kill_worker") for _ in range(o.worker_kills)]
         events += [
             (rng.uniform(0.1, 0.8) * d, "kill_supervisor") for _ in range(o.supervisor_kills)
@@ -322,32 +501,56 @@ class Torture:
         latest = max(0.05 * d, 0.9 * d - long_pause)
         events += [(rng.uniform(0.05 * d, latest), "pause_long") for _ in range(o.pauses)]
         events += [(rng.uniform(0.05, 0.85) * d, "pause_short") for _ in range(o.pauses)]
-        if o.restart:
-            events.append((rng.uniform(0.3, 0.6) * d, "restart"))
+        # One at a time, each followed by a window with the database and network back (so
+        # that judges are judges again): outages, the partition, the restart.
+        away = ["outage"] * o.outages + ["cut"] * o.partition + ["restart"] * o.restart
+        rng.shuffle(away)
+        length = {"outage": long_pause, "cut": long_pause, "restart": 2.0}
+        gap = self.lost_after + WINDOW_EXTRA
+        busy = sum(length[a] + gap for a in away)
+        slack = max(0.0, 0.8 * d - busy)
+        cuts = sorted(rng.uniform(0, slack) for _ in away)
+        at = 0.05 * d
+        for action, (before, after) in zip(away, itertools.pairwise([0.0, *cuts]), strict=True):
+            at += after - before
+            events.append((at, action))
+            at += length[action] + gap
         return sorted(events)
 
     def run_faults(self) -> None:
         events = self.schedule()
         started = time.monotonic()
         while (elapsed := time.monotonic() - started) < self.options.duration:
-            while events and events[0][0] <= elapsed:
-                getattr(self, events.pop(0)[1])()
+            # While the database or the network is away, the other faults wait: each
+            # figure then has one cause.
+            while events and events[0][0] <= elapsed and self.away is None:
+                if getattr(self, events.pop(0)[1])() is False:  # not now: a moment later
+                    events = sorted([*events, (elapsed + 0.25, "cut")])
             self.tick()
             time.sleep(0.05)
         for action in events:  # a slow machine: run what is left rather than skip it
+            while self.away is not None:
+                self.tick()
+                time.sleep(0.05)
             getattr(self, action[1])()
 
     def tick(self) -> None:
-        """Resume pauses that are due, replace dead supervisors, sample the invariant."""
+        """End faults that are due, replace dead supervisors, sample the invariant."""
         for pid, (until, _pause) in list(self.paused.items()):
             if time.monotonic() >= until:
                 self.resume(pid)
+        if self.away is not None and time.monotonic() >= self.away[0]:
+            self.come_back()
         for supervisor in self.supervisors:
             if not supervisor.killed and not supervisor.alive:
                 supervisor.killed = True  # not by us: count it, replace it
                 self.faults.supervisors_died += 1
                 print(f"  supervisor s{supervisor.index} exited {supervisor.proc.returncode}")
-                self.start_supervisor()
+                if not supervisor.host:
+                    self.start_supervisor()
+        if time.monotonic() - self.last_learned >= 1.0:
+            self.last_learned = time.monotonic()
+            self.learn()
         if time.monotonic() - self.last_sample >= 0.2:
             self.last_sample = time.monotonic()
             self.sample()
@@ -366,14 +569,18 @@ class Torture:
             self.faults.samples += 1
             self.faults.multi_live.update(multi)
 
-    def pick_worker(self) -> tuple[int, str] | None:
-        """A worker of a live supervisor, not paused: mid-body if any, else busy, else any."""
+    def pick_worker(self, *, deadline_within: float | None = None) -> tuple[int, str] | None:
+        """A worker of a live supervisor on this host, not paused: mid-body if any, else
+        busy, else any. With `deadline_within`, first one whose attempt in hand (by its
+        timeout) passes its deadline within that many seconds."""
         from bench.models import Execution
         from django_jobstate.models import Job, WorkerHeartbeat
 
-        def query() -> tuple[list[tuple[str, int]], list[tuple[str, Any, int]], set[Any]]:
+        def query() -> tuple[list[tuple[str, int]], list[tuple[str, Any, int, Any]], set[Any]]:
             beats = list(WorkerHeartbeat.objects.values_list("worker_id", "pid"))
-            running = list(Job.objects.running().values_list("worker_id", "result_id", "attempt"))
+            running = list(
+                Job.objects.running().values_list("worker_id", "result_id", "attempt", "timeout")
+            )
             started = set(
                 Execution.objects.filter(result_id__in={r[1] for r in running}).values_list(
                     "result_id", "attempt"
@@ -388,11 +595,23 @@ class Torture:
         ours = [
             (pid, wid)
             for wid, pid in beats
-            if pid not in self.paused and (s := self.owner(pid)) and wid.startswith(s.prefix)
+            if pid not in self.paused
+            and (s := self.owner(pid))
+            and not s.host
+            and s.prefix
+            and wid.startswith(s.prefix)
         ]
-        mid_body = {wid for wid, rid, attempt in running if (rid, attempt) in started}
-        busy = {wid for wid, _, _ in running}
-        for wanted in (mid_body, busy, None):
+        mid_body = {w for w, rid, attempt, _ in running if (rid, attempt) in started}
+        busy = {w for w, _, _, _ in running}
+        wanted_sets: list[set[str] | None] = [mid_body, busy, None]
+        if deadline_within is not None:
+            short = {
+                w
+                for w, rid, attempt, timeout in running
+                if (rid, attempt) in started and timeout is not None and timeout < deadline_within
+            }
+            wanted_sets.insert(0, short)
+        for wanted in wanted_sets:
             candidates = [w for w in ours if wanted is None or w[1] in wanted]
             if candidates:
                 return self.rng.choice(sorted(candidates))
@@ -408,7 +627,12 @@ class Torture:
         time.sleep(0.2)  # let a statement already sent by the process land
         rescued = Q(
             state=State.FAILED,
-            failure_reason__in=[FailureReason.LOST, FailureReason.INTERRUPTED],
+            failure_reason__in=[
+                FailureReason.LOST,
+                FailureReason.INTERRUPTED,
+                FailureReason.RELEASED,
+                FailureReason.TIMEOUT,
+            ],
             finished_at__gte=at,
         )
         jobs = Job.objects.filter(**worker).filter(Q(state=State.RUNNING) | rescued)
@@ -430,10 +654,12 @@ class Torture:
     def kill_supervisor(self) -> None:
         from bench.torture_check import Kill
 
-        live = self.live_supervisors()
+        self.learn()
+        live = [s for s in self.live_supervisors(here=True) if s.prefix]
         if not live:
             return
         victim = self.rng.choice(live)
+        assert victim.prefix is not None
         at = self.db_now()
         os.killpg(victim.pid, signal.SIGKILL)
         victim.killed = True
@@ -463,7 +689,8 @@ class Torture:
     def pause(self, *, long: bool) -> None:
         from bench.torture_check import Pause
 
-        picked = self.pick_worker()
+        seconds = self.lost_after + WINDOW_EXTRA if long else SHORT_PAUSE
+        picked = self.pick_worker(deadline_within=seconds if long else None)
         if picked is None:
             return
         pid, worker_id = picked
@@ -472,7 +699,6 @@ class Torture:
         pause = Pause(pid, worker_id, long, at)
         pause.victims = self.victims(at, worker_id=worker_id)
         self.faults.pauses.append(pause)
-        seconds = self.lost_after + LONG_PAUSE_EXTRA if long else SHORT_PAUSE
         self.paused[pid] = (time.monotonic() + seconds, pause)
         print(
             f"  {self.clock()} SIGSTOP worker {worker_id} for {seconds:g} s "
@@ -499,6 +725,88 @@ class Torture:
         connection.close()
         self.faults.restarts.append(time.monotonic() - started)
 
+    def outage(self) -> None:
+        """Take the database away for longer than the lost-after window."""
+        from django.db import connection
+
+        from bench.torture_check import Outage
+
+        seconds = self.lost_after + WINDOW_EXTRA
+        at = self.db_now()
+        if self.options.db == "postgres":
+            subprocess.run(
+                [os.environ["JOBSTATE_PG_CTL"], "stop", "-m", "fast", "-w"],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            connection.close()
+            what = "PostgreSQL stopped"
+        else:  # the write lock, held by another connection as a long bulk enqueue would
+            self.lock = sqlite3.connect(
+                str(connection.settings_dict["NAME"]), timeout=60, isolation_level=None
+            )
+            self.lock.execute("BEGIN IMMEDIATE")
+            at = self.db_now()
+            what = "SQLite's write lock held"
+        outage = Outage(what, at)
+        self.faults.outages.append(outage)
+        self.away = (time.monotonic() + seconds, outage)
+        print(f"  {self.clock()} {what} for {seconds:g} s")
+
+    def cut(self) -> bool:
+        """Cut the partitioned host's link for longer than the lost-after window.
+
+        Once its workers run an attempt (False until then, for up to CUT_WAIT seconds).
+        """
+        from bench.torture_check import Cut
+        from django_jobstate.models import Job
+
+        assert self.partition is not None
+        host = next((s for s in self.live_supervisors() if s.host and s.prefix), None)
+        if host is None:
+            print(f"  {self.clock()} no partitioned supervisor running: no cut")
+            return True
+        assert host.prefix is not None
+        busy = Job.objects.running().filter(worker_id__startswith=host.prefix)
+        self.cut_waits += 1
+        if self.cut_waits * 0.25 < CUT_WAIT and not self.guarded(busy.exists, False):
+            return False
+        self.partition.link.cut()
+        at = self.db_now()
+        cut = Cut(host.prefix, at, self.victims(at, worker_id__startswith=host.prefix))
+        self.faults.cuts.append(cut)
+        seconds = self.lost_after + WINDOW_EXTRA
+        self.away = (time.monotonic() + seconds, cut)
+        print(
+            f"  {self.clock()} link of s{host.index} (its own host) cut for {seconds:g} s "
+            f"({len(cut.victims)} running)"
+        )
+        return True
+
+    def come_back(self) -> None:
+        """End the outage or the cut in progress."""
+        assert self.away is not None
+        _, fault = self.away
+        if self.partition is not None and fault in self.faults.cuts:
+            self.partition.link.restore()
+            print(f"  {self.clock()} link restored")
+        elif self.lock is not None:
+            self.lock.execute("ROLLBACK")
+            self.lock.close()
+            self.lock = None
+            print(f"  {self.clock()} SQLite's write lock released")
+        else:
+            subprocess.run(
+                [os.environ["JOBSTATE_PG_CTL"], "start", "-w"],
+                check=True,
+                capture_output=True,
+                timeout=120,
+            )
+            print(f"  {self.clock()} PostgreSQL started")
+        fault.ended = self.db_now()
+        self.away = None
+
     # ---------------------------------------------------------------- the end
 
     def drain(self) -> tuple[float, float]:
@@ -507,7 +815,9 @@ class Torture:
 
         for pid in list(self.paused):
             self.resume(pid)
-        while len(self.live_supervisors()) < self.options.supervisors:
+        if self.away is not None:
+            self.come_back()
+        while len(self.live_supervisors(here=True)) < self.options.supervisors:
             self.start_supervisor()
         started = time.monotonic()
         bound = self.lost_after + self.options.drain_margin
@@ -536,10 +846,15 @@ class Torture:
     def cleanup(self) -> None:
         for pid in list(self.paused):
             self.resume(pid)
+        if self.away is not None:
+            with contextlib.suppress(Exception):
+                self.come_back()
         for supervisor in self.supervisors:
             if supervisor.alive:
                 os.killpg(supervisor.pid, signal.SIGKILL)
                 supervisor.proc.wait()
+        if self.partition is not None:
+            self.partition.close()
 
     def log_text(self) -> str:
         return "".join(s.log.read_text(errors="replace") for s in self.supervisors)
@@ -626,7 +941,9 @@ def main(argv: list[str] | None = None) -> int:
         torture.setup()
         for _ in range(options.supervisors):
             torture.start_supervisor()
-        torture.wait_for_workers(options.supervisors * options.concurrency)
+        if torture.partition is not None:
+            torture.start_supervisor(host=torture.partition.host.name)
+        torture.wait_for_workers(len(torture.supervisors) * options.concurrency)
         torture.enqueue()
         print(
             f"  {torture.clock()} enqueued {options.jobs} jobs; faults for {options.duration:g} s"
@@ -648,7 +965,8 @@ def main(argv: list[str] | None = None) -> int:
         header = [
             f"django-jobstate torture run: {options.db}, {options.jobs} jobs, "
             f"{options.supervisors} supervisors x {options.concurrency} workers, "
-            f"{options.duration:g} s of faults, seed {options.seed}",
+            f"{options.duration:g} s of faults, seed {options.seed}"
+            + (", plus 1 supervisor on a partitioned host" if torture.partition else ""),
             f"command: {command}",
             f"machine: {os.cpu_count()} CPUs, Python {sys.version.split()[0]}, "
             f"Django {django.get_version()}, {torture_db_version()}",

@@ -14,16 +14,39 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.db.models import Count
+from django.utils import timezone
 
 from bench.models import Execution
-from bench.torture_tasks import FAIL, OK, OVERRUN, planned
+from bench.torture_tasks import (
+    FAIL,
+    GIL_HOLD,
+    GIL_OVERRUN,
+    OK,
+    OVERRUN,
+    PLANNED_ERRORS,
+    UGLY,
+    UGLY_ERRORS,
+    planned,
+    planned_error,
+    stored_message,
+)
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
 
 # Slack when comparing a time this script took (wall clock + the measured offset to the
 # database clock) with a time the database wrote.
 CLOCK_SLACK = timedelta(milliseconds=50)
-NEIGHBOUR_TIMEOUT = "ended itself to stop an attempt past its timeout"
+# How late a worker may find its own attempt past its timeout before the supervisor's
+# kill (it checks ten times a second) counts as not enforced.
+TIMEOUT_SLACK = 1.0
+# "(12.3 s)": the duration a worker measured when it found its attempt past its timeout
+# itself (the supervisor's kill writes no duration).
+LATE_TIMEOUT = re.compile(r"past its timeout of [0-9.]+ seconds \(([0-9.]+) s\)")
+UGLY_CLASSES = {f"{c.__module__}.{c.__qualname__}" for c in UGLY_ERRORS}
+
+
+def class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 @dataclass
@@ -42,10 +65,29 @@ class Pause:
 
     pid: int
     worker_id: str
-    long: bool  # long enough for the worker to be taken for lost
+    long: bool  # longer than the lost-after window
     stopped: datetime  # database clock
     resumed: datetime | None = None
     victims: list[int] = field(default_factory=list)  # attempts running when it stopped
+
+
+@dataclass
+class Outage:
+    """The database away for longer than the lost-after window."""
+
+    what: str
+    at: datetime  # database clock
+    ended: datetime | None = None
+
+
+@dataclass
+class Cut:
+    """The link of a worker host cut for longer than the lost-after window."""
+
+    prefix: str  # its supervisor's worker-id prefix
+    at: datetime  # database clock
+    victims: list[int] = field(default_factory=list)  # attempts running at the cut
+    ended: datetime | None = None
 
 
 @dataclass
@@ -53,6 +95,11 @@ class Faults:
     kills: list[Kill] = field(default_factory=list)
     pauses: list[Pause] = field(default_factory=list)
     restarts: list[float] = field(default_factory=list)  # seconds each PostgreSQL restart took
+    outages: list[Outage] = field(default_factory=list)
+    cuts: list[Cut] = field(default_factory=list)
+    # {worker-id prefix: (supervisor index, clock skew, network namespace or "")}
+    supervisors: dict[str, tuple[int, float, str]] = field(default_factory=dict)
+    id_clashes: set[str] = field(default_factory=set)  # two supervisors naming workers alike
     samples: int = 0  # live-attempt samples taken during the run
     multi_live: set[str] = field(default_factory=set)  # result ids seen with 2+ live attempts
     supervisors_died: int = 0  # supervisors that exited without being killed
@@ -81,27 +128,16 @@ def _is_outage(error_class: str) -> bool:
     return "OperationalError" in error_class or "InterfaceError" in error_class
 
 
-def _excused(execution: dict[str, Any], job: dict[str, Any], pauses: list[Pause]) -> bool:
-    """Was the process that wrote `execution` paused between its attempt's start and it?"""
-    for pause in pauses:
-        resumed = pause.resumed or datetime.max.replace(tzinfo=pause.stopped.tzinfo)
-        if (
-            pause.pid == execution["pid"]
-            and pause.stopped - CLOCK_SLACK <= execution["recorded_at"]
-            and resumed + CLOCK_SLACK >= job["started_at"]
-        ):
-            return True
-    return False
+def _within(moment: datetime | None, start: datetime, end: datetime | None, after: float) -> bool:
+    """Is `moment` in [start, end + after seconds] (give or take the slack)?"""
+    if moment is None:
+        return False
+    end = end or datetime.max.replace(tzinfo=start.tzinfo) - timedelta(days=1)
+    return start - CLOCK_SLACK <= moment <= end + timedelta(seconds=after) + CLOCK_SLACK
 
 
-def _frozen(job: dict[str, Any], pauses: list[Pause]) -> bool:
-    """Was the attempt's worker paused (watchdog and all) while the attempt ran?"""
-    return any(
-        pause.worker_id == job["worker_id"]
-        and pause.stopped - CLOCK_SLACK <= job["finished_at"]
-        and (pause.resumed is None or pause.resumed + CLOCK_SLACK >= job["started_at"])
-        for pause in pauses
-    )
+def _base(worker_id: str | None) -> str:
+    return (worker_id or "").rsplit("/", 1)[0]
 
 
 def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> dict[str, Figure]:
@@ -111,19 +147,33 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
     by_key = {(str(j["result_id"]), j["attempt"]): j for j in jobs}
     by_pk = {j["id"]: j for j in jobs}
     runs = Counter((str(e["result_id"]), e["attempt"]) for e in executions)
+    ran_by_key = {(str(e["result_id"]), e["attempt"]): e for e in executions}
     examples: dict[str, list[str]] = defaultdict(list)
+    window = lost_after + 3.0  # after an outage or a cut: a window, plus beats and slack
 
-    # Executions: twice, orphaned, or after their attempt had failed.
-    late, excused, orphans = 0, 0, 0
+    # Executions: twice, orphaned, of a released attempt, or after their attempt had failed.
+    late, excused, orphans, released_ran, context_differs = 0, 0, 0, 0, 0
     for e in executions:
         job = by_key.get((str(e["result_id"]), e["attempt"]))
         if job is None:
             orphans += 1
             continue
+        context_differs += e["context_attempt"] != e["attempt"]
+        if job["failure_reason"] == FailureReason.RELEASED:
+            released_ran += 1
+            examples["released_ran"].append(f"{describe(job)}; executed by pid {e['pid']}")
         after = job["finished_at"] is not None and e["recorded_at"] > job["finished_at"]
         if after or e["seen_state"] != State.RUNNING:
-            if _excused(e, job, faults.pauses):
+            if any(
+                e["worker_id"].startswith(cut.prefix)
+                and e["recorded_at"] >= cut.at - CLOCK_SLACK
+                and (cut.ended is None or job["started_at"] <= cut.ended + CLOCK_SLACK)
+                for cut in faults.cuts
+            ):
                 excused += 1
+                examples["late_executions_excused"].append(
+                    f"{describe(job)}; executed at {e['recorded_at']}"
+                )
             else:
                 late += 1
                 examples["late_executions"].append(
@@ -138,53 +188,95 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
     )
 
     # Attempts, one by one, against their plan.
-    contrary, unplanned_errors, unexpected_timeouts, frozen_overruns = 0, Counter(), 0, 0
-    failures = Counter()
-    outcome_ok: dict[int, str] = {}  # pk -> "planned" / "fault" / "contrary" / "ok"
+    contrary, misstored, unplanned_errors, unexpected_timeouts = 0, 0, Counter(), 0
+    ugly_stored = 0
+    not_enforced, deadline_to_stop = 0, []
+    early, off_clock = 0, 0
+    failures: Counter[str] = Counter()
+    outcome_ok: dict[int, str] = {}  # pk -> "planned" / "fault" / "contrary" / "ok" / "released"
+    latest = timezone.now() + timedelta(minutes=1)
     for j in jobs:
         seed, kind, _seconds_arg, fail_rate = j["args"]
-        plan = planned(seed, kind, str(j["result_id"]), j["attempt"], fail_rate)
+        rid = str(j["result_id"])
+        plan = planned(seed, kind, rid, j["attempt"], fail_rate)
         j["plan"] = plan
+        execution = ran_by_key.get((rid, j["attempt"]))
         verdict = "ok"
         if j["state"] == State.SUCCEEDED:
             verdict = "ok" if plan == OK else "contrary"
-            if plan == OVERRUN and _frozen(j, faults.pauses):
-                verdict = "ok"  # its watchdog was frozen past the deadline too: see below
-                frozen_overruns += 1
-                examples["frozen_overruns"].append(describe(j))
         elif j["state"] == State.FAILED:
             reason, error_class = j["failure_reason"], j["error_class"]
-            is_planned_error = error_class.endswith(".TortureFailure")
             failures[reason] += 1
-            if reason == FailureReason.ERROR and is_planned_error:
-                verdict = "planned" if plan == FAIL else "contrary"
+            if reason == FailureReason.RELEASED:
+                verdict = "released"
+            elif reason == FailureReason.ERROR and error_class in PLANNED_ERRORS:
+                wanted = planned_error(seed, kind, rid, j["attempt"])
+                stored = (error_class, j["error_message"])
+                verdict = "contrary"
+                if plan == FAIL and stored == (
+                    class_name(wanted),
+                    stored_message(wanted, j["attempt"]),
+                ):
+                    verdict = "planned"
+                    ugly_stored += error_class in UGLY_CLASSES
+                elif plan == FAIL and error_class in UGLY_CLASSES:
+                    misstored += 1
+                    examples["misstored"].append(f"{describe(j)}: {j['error_message']!r}")
             elif reason == FailureReason.TIMEOUT:
                 verdict = "planned" if plan == OVERRUN else "fault"
                 unexpected_timeouts += plan != OVERRUN
+                late_timeout = LATE_TIMEOUT.search(j["error_message"])
+                if late_timeout and float(late_timeout[1]) > j["timeout"] + TIMEOUT_SLACK:
+                    not_enforced += 1
+                    examples["not_enforced"].append(describe(j))
+                elif plan == OVERRUN and execution is not None and not late_timeout:
+                    deadline = execution["recorded_at"] + timedelta(seconds=j["timeout"])
+                    deadline_to_stop.append((j["finished_at"] - deadline).total_seconds())
             elif reason == FailureReason.ERROR:
                 verdict = "fault"
                 unplanned_errors[error_class] += 1
             else:  # lost, interrupted
                 verdict = "fault"
+        if execution is not None and execution["ended_at"] is not None:
+            not_enforced += 1  # alive after sleeping (holding) past its deadline
+            examples["not_enforced"].append(f"{describe(j)}; body ended {execution['ended_at']}")
         outcome_ok[j["id"]] = verdict
         if verdict == "contrary":
             contrary += 1
             examples["contrary"].append(describe(j))
+        # The database's clock, whatever the supervisor's says.
+        began = [j["started_at"], execution and execution["recorded_at"]]
+        if any(t is not None and t < j["run_after"] - CLOCK_SLACK for t in began):
+            early += 1
+            examples["early"].append(f"{describe(j)}; due {j['run_after']}")
+        times = [j["enqueued_at"] - CLOCK_SLACK, j["started_at"], j["finished_at"], latest]
+        present = [t for t in times if t is not None]
+        if present != sorted(present):
+            off_clock += 1
+            examples["off_clock"].append(f"{describe(j)}; enqueued {j['enqueued_at']}")
 
     # Logical tasks: their chain of attempts and how they ended.
     chains: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for j in jobs:
         chains[str(j["result_id"])].append(j)
     broken, not_terminal, should_have, planned_failures = 0, 0, 0, 0
-    through_faults = Counter()
+    through_faults: Counter[str] = Counter()
     for attempts in chains.values():
         numbers = [a["attempt"] for a in attempts]
-        last, max_attempts = attempts[-1], attempts[-1]["max_attempts"]
+        last = attempts[-1]
+        released = [a["failure_reason"] == FailureReason.RELEASED for a in attempts]
+        ran = [a for a, r in zip(attempts, released, strict=True) if not r]
         chain_ok = (
             numbers == list(range(1, len(numbers) + 1))
-            and len(numbers) <= max_attempts
+            # A released attempt does not use up one of the task's attempts.
+            and all(
+                b["max_attempts"] == a["max_attempts"] + r
+                for a, b, r in zip(attempts, attempts[1:], released, strict=False)
+            )
+            and len(ran) <= attempts[0]["max_attempts"]
             and all(a["state"] == State.FAILED for a in attempts[:-1])
-            and not (last["state"] == State.FAILED and len(numbers) < max_attempts)
+            and not released[-1]
+            and not (last["state"] == State.FAILED and len(ran) < attempts[0]["max_attempts"])
         )
         if not chain_ok:
             broken += 1
@@ -194,74 +286,107 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
             continue
         seed, kind, _s, fail_rate = last["args"]
         rid = str(last["result_id"])
-        could_succeed = any(
-            planned(seed, kind, rid, n, fail_rate) == OK for n in range(1, max_attempts + 1)
-        )
+        # The attempts that could run: every number up to max_attempts but released ones.
+        numbers_run = {a["attempt"] for a in ran}
+        numbers_run.update(range(last["attempt"] + 1, last["max_attempts"] + 1))
+        could_succeed = any(planned(seed, kind, rid, n, fail_rate) == OK for n in numbers_run)
         if last["state"] == State.SUCCEEDED or not could_succeed:
             planned_failures += last["state"] == State.FAILED
             continue
         verdicts = [outcome_ok[a["id"]] for a in attempts]
         if chain_ok and "contrary" not in verdicts:
-            through_faults["once" if max_attempts == 1 else "retried"] += 1
-            faulted = [a for a, v in zip(attempts, verdicts, strict=True) if v == "fault"]
-            if all(NEIGHBOUR_TIMEOUT in a["error_message"] for a in faulted):
-                through_faults["neighbour"] += 1
+            through_faults["once" if attempts[0]["max_attempts"] == 1 else "retried"] += 1
         else:
             should_have += 1
             examples["should_have_succeeded"] += [describe(a) for a in attempts]
 
-    # Kills and pauses: who rescued what, how fast.
-    killed_workers: set[str] = set()
-    killed_prefixes: list[str] = []
-    rescue = {"worker": [], "supervisor": []}
-    not_lost = 0
+    # Kills, cuts and pauses: who rescued what, how fast.
+    killed_at: dict[str, datetime] = {}  # worker id or prefix -> when
+    rescue: dict[str, list[float]] = {"worker": [], "supervisor": [], "cut": []}
+    not_lost, cut_not_lost = 0, 0
     for kill in faults.kills:
-        if kill.kind == "worker":
-            killed_workers.add(kill.target)
-        else:
-            killed_prefixes.append(kill.target)
+        killed_at[kill.target] = kill.at
         for pk in kill.victims:
             job = by_pk.get(pk)
-            rescued = (FailureReason.LOST, FailureReason.INTERRUPTED)
-            if job is None or job["state"] != State.FAILED or job["failure_reason"] not in rescued:
+            ok = (
+                FailureReason.LOST,
+                FailureReason.INTERRUPTED,
+                FailureReason.RELEASED,  # claimed, never started: handed back
+                FailureReason.TIMEOUT,  # its deadline came first
+            )
+            if job is None or job["state"] != State.FAILED or job["failure_reason"] not in ok:
                 not_lost += 1
                 examples["killed_not_lost"].append(describe(job) if job else f"job {pk} gone")
                 continue
-            rescue[kill.kind].append((job["finished_at"] - kill.at).total_seconds())
-    paused_long = {p.worker_id for p in faults.pauses if p.long}
-    pause_rescue = []
+            if job["failure_reason"] != FailureReason.RELEASED:
+                rescue[kill.kind].append((job["finished_at"] - kill.at).total_seconds())
+    for cut in faults.cuts:
+        for pk in cut.victims:
+            job = by_pk.get(pk)
+            if job is not None and job["finished_at"] and job["finished_at"] < cut.at:
+                continue  # its outcome was written before the cut, committed after it
+            if job is None or job["failure_reason"] != FailureReason.LOST:
+                cut_not_lost += 1
+                examples["cut_not_lost"].append(describe(job) if job else f"job {pk} gone")
+                continue
+            rescue["cut"].append((job["finished_at"] - cut.at).total_seconds())
+    stopped_at_deadline = 0
     for pause in faults.pauses:
         for pk in pause.victims:
             job = by_pk.get(pk)
-            if pause.long and job is not None and job["failure_reason"] == FailureReason.LOST:
-                pause_rescue.append((job["finished_at"] - pause.stopped).total_seconds())
-    # Attempts failed as lost, by why their worker was lost (the message says who failed it).
-    lost_neighbour, lost_crash, taken_for_lost = 0, 0, 0
+            if (
+                job is not None
+                and job["failure_reason"] == FailureReason.TIMEOUT
+                and _within(job["finished_at"], pause.stopped, pause.resumed, 0)
+            ):
+                stopped_at_deadline += 1
+                examples["stopped_at_deadline"].append(describe(job))
+
+    # Attempts failed as lost: by a fault that silenced their worker, or healthy ones.
+    healthy: Counter[str] = Counter()
+    lost_expected = 0
     for j in jobs:
         if j["failure_reason"] != FailureReason.LOST:
             continue
-        wid, message = j["worker_id"] or "", j["error_message"]
-        silenced = (
-            wid in killed_workers
-            or wid in paused_long
-            or any(wid.startswith(prefix) for prefix in killed_prefixes)
-        )
-        if NEIGHBOUR_TIMEOUT in message:
-            lost_neighbour += 1
-        elif "exited" in message:
-            lost_crash += 1
-            examples["lost_crash"].append(describe(j))
-        elif "no heartbeat" in message and not silenced:
-            taken_for_lost += 1
-            examples["taken_for_lost"].append(describe(j))
+        wid, finished = j["worker_id"] or "", j["finished_at"]
+        base = _base(wid)
+        kill_at = killed_at.get(wid) or killed_at.get(f"{base}/")
+        if kill_at is not None and finished >= kill_at - CLOCK_SLACK:
+            lost_expected += 1
+            continue
+        if any(
+            wid.startswith(cut.prefix) and _within(finished, cut.at, cut.ended, window)
+            for cut in faults.cuts
+        ):
+            lost_expected += 1
+            continue
+        seed, kind, _s, _rate = j["args"]
+        if any(_within(finished, o.at, o.ended, window) for o in faults.outages):
+            cause = "outage"
+        elif kind in (GIL_HOLD, GIL_OVERRUN) and j["attempt"] == 1:
+            cause = "gil"
+        elif any(
+            p.worker_id == wid and _within(finished, p.stopped, p.resumed, window)
+            for p in faults.pauses
+        ):
+            cause = "paused"
+        elif faults.supervisors.get(base, (0, 0.0, ""))[1]:
+            cause = "skewed"
+        else:
+            cause = "other"
+        healthy[cause] += 1
+        examples[f"lost_{cause}"].append(describe(j))
     slow_bound = lost_after + 3.0
-    slow = sum(1 for s in rescue["supervisor"] + pause_rescue if s > slow_bound)
+    slow = sum(1 for s in rescue["supervisor"] + rescue["cut"] if s > slow_bound)
 
     multi_live_end = (
         Job.objects.live().order_by().values("result_id").annotate(n=Count("id")).filter(n__gt=1)
     ).count()
     outage_errors = sum(n for cls, n in unplanned_errors.items() if _is_outage(cls))
     other_errors = {cls: n for cls, n in unplanned_errors.items() if not _is_outage(cls)}
+    kinds = Counter(j["args"][1] for j in jobs if j["attempt"] == 1)
+    skews = sorted((i, s) for i, s, _ in faults.supervisors.values() if s)
+    hosts = sorted(i for i, _, h in faults.supervisors.values() if h)
 
     figures = {
         "jobs_enqueued": Figure("jobs enqueued", enqueued),
@@ -274,8 +399,10 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
             "executions of an attempt after it was already failed", late, True
         ),
         "late_executions_excused": Figure(
-            "  ... by a body its paused process started after SIGCONT (not counted)", excused
+            "  ... by a body its cut-off host started once the link was back (not counted)",
+            excused,
         ),
+        "released_ran": Figure("handed-back (released) attempts that ran", released_ran, True),
         "run_twice": Figure("attempts run twice", twice, True),
         "orphan_executions": Figure("executions without an attempt row", orphans, True),
         "succeeded_unrun": Figure(
@@ -292,33 +419,59 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
             f"{faults.samples} samples during the run, one at the end",
         ),
         "broken_chains": Figure(
-            "attempt chains broken (gap, past max_attempts, attempt after success, missing retry)",
+            "attempt chains broken (gap, past max_attempts, released attempt counted, "
+            "attempt after success, missing retry)",
             broken,
             True,
         ),
         "contrary": Figure("attempts whose outcome contradicts their plan", contrary, True),
-        "frozen_overruns": Figure(
-            "  overruns recorded as succeeded, their worker paused past the deadline (not counted)",
-            frozen_overruns,
-            note="a known bug: the body's success wins over the late watchdog",
+        "misstored": Figure(
+            "unstorable errors (NUL, lone surrogate, str() raises) not stored escaped",
+            misstored,
+            True,
         ),
+        "not_enforced": Figure("timeouts not enforced", not_enforced, True),
         "should_have_succeeded": Figure(
             "tasks that should have succeeded and did not", should_have, True
         ),
-        "failed_as_planned": Figure(
-            "tasks failed as planned (every attempt planned to fail)", planned_failures
+        "killed_not_lost": Figure(
+            "attempts of killed workers not failed (lost, released or timed out)", not_lost, True
         ),
-        "failed_through_faults_once": Figure(
-            "tasks failed only through faults: single-attempt tasks", through_faults["once"]
+        "cut_not_lost": Figure(
+            "attempts of the cut-off host not failed as lost", cut_not_lost, True
         ),
-        "failed_through_faults_retried": Figure(
-            "tasks failed only through faults: retried tasks", through_faults["retried"]
+        "healthy_lost": Figure(
+            "attempts of healthy workers taken for lost (never killed nor cut off)",
+            sum(healthy.values()),
+            True,
         ),
-        "failed_through_neighbour": Figure(
-            "  ... of which only through another attempt's timeout (no fault touched them)",
-            through_faults["neighbour"],
+        "lost_outage": Figure(
+            "  healthy attempts taken for lost during an outage", healthy["outage"], True
         ),
-        "killed_not_lost": Figure("attempts of killed workers not failed as lost", not_lost, True),
+        "lost_gil": Figure("  GIL-held attempts taken for lost", healthy["gil"], True),
+        "lost_paused": Figure(
+            "  attempts of a SIGSTOPped worker taken for lost (its supervisor alive)",
+            healthy["paused"],
+            True,
+        ),
+        "lost_skewed": Figure(
+            "  attempts of a supervisor with a skewed clock taken for lost",
+            healthy["skewed"],
+            True,
+        ),
+        "lost_other": Figure("  others", healthy["other"], True),
+        "early": Figure("attempts started before they were due (database clock)", early, True),
+        "off_clock": Figure(
+            "attempts whose times are off the database clock (skewed supervisor)",
+            off_clock,
+            True,
+        ),
+        "id_clashes": Figure(
+            "worker ids shared by two supervisors (all given the same --worker-id)",
+            len(faults.id_clashes),
+            True,
+            examples=sorted(faults.id_clashes),
+        ),
         "other_errors": Figure(
             "attempts failed by an unplanned error other than a database outage",
             sum(other_errors.values()),
@@ -327,6 +480,16 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
         ),
         "supervisors_died": Figure(
             "supervisors that died on their own", faults.supervisors_died, True
+        ),
+        "failed_as_planned": Figure(
+            "tasks failed as planned (every attempt that could run planned to fail)",
+            planned_failures,
+        ),
+        "failed_through_faults_once": Figure(
+            "tasks failed only through faults: single-attempt tasks", through_faults["once"]
+        ),
+        "failed_through_faults_retried": Figure(
+            "tasks failed only through faults: retried tasks", through_faults["retried"]
         ),
         "worker_kills": Figure(
             "worker processes SIGKILLed", sum(k.kind == "worker" for k in faults.kills)
@@ -339,39 +502,77 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
             "workers SIGSTOPped then SIGCONTed (long / short)",
             f"{sum(p.long for p in faults.pauses)} / {sum(not p.long for p in faults.pauses)}",
         ),
+        "stopped_at_deadline": Figure(
+            "  attempts of a SIGSTOPped worker killed at their deadline while stopped",
+            stopped_at_deadline,
+        ),
         "restarts": Figure(
             "PostgreSQL restarts",
             len(faults.restarts),
             note=", ".join(f"{s:.1f} s" for s in faults.restarts),
         ),
+        "outages": Figure(
+            "database outages longer than the lost-after window",
+            len(faults.outages),
+            note=", ".join(
+                f"{o.what} {(o.ended - o.at).total_seconds():.1f} s"
+                for o in faults.outages
+                if o.ended
+            ),
+        ),
+        "cuts": Figure(
+            "network partitions of a worker host (link cut past the window)",
+            len(faults.cuts),
+            note=", ".join(
+                f"{(c.ended - c.at).total_seconds():.1f} s, {len(c.victims)} running"
+                for c in faults.cuts
+                if c.ended
+            )
+            or ("supervisor" + "s" * (len(hosts) > 1) + " " + ", ".join(f"s{i}" for i in hosts))
+            * bool(hosts),
+        ),
+        "skewed": Figure(
+            "supervisors with a skewed clock",
+            len(skews),
+            note=", ".join(f"s{i} {s:+g} s" for i, s in skews),
+        ),
+        "same_worker_id": Figure(
+            "supervisors started with the same --worker-id", len(faults.supervisors)
+        ),
+        "gil_jobs": Figure(
+            "tasks holding the interpreter (past a 1 s timeout / none of their own)",
+            f"{kinds[GIL_OVERRUN]} / {kinds[GIL_HOLD]}",
+        ),
+        "ugly_jobs": Figure("tasks raising unstorable errors", kinds[UGLY]),
+        "ugly_stored": Figure("  unstorable errors raised, and stored escaped", ugly_stored),
         "rescue_worker_kill": Figure(
             "kill -> rescue, worker SIGKILL (its supervisor fails it)", _seconds(rescue["worker"])
         ),
         "rescue_supervisor_kill": Figure(
             "kill -> rescue, supervisor SIGKILL (lost-after window)", _seconds(rescue["supervisor"])
         ),
-        "rescue_pause": Figure(
-            "SIGSTOP -> rescue, long pause (lost-after window)", _seconds(pause_rescue)
+        "rescue_cut": Figure(
+            "cut -> rescue, partitioned host (lost-after window)", _seconds(rescue["cut"])
         ),
         "slow_rescues": Figure(f"rescues slower than lost-after + 3 s ({slow_bound:g} s)", slow),
+        "deadline_to_stop": Figure(
+            "deadline -> timed-out attempt failed, planned overruns", _seconds(deadline_to_stop)
+        ),
         "failures": Figure(
             "failed attempts by reason",
             ", ".join(f"{reason} {n}" for reason, n in sorted(failures.items())) or "-",
+        ),
+        "context_attempt": Figure(
+            "bodies whose TaskContext.attempt differs from Job.attempt",
+            context_differs,
+            note="it does not count released attempts",
         ),
         "outage_errors": Figure("attempts failed by a database outage (error)", outage_errors),
         "unexpected_timeouts": Figure(
             "timeouts of attempts not planned to overrun", unexpected_timeouts
         ),
-        "lost_neighbour": Figure(
-            "attempts failed as lost because their worker ended for another attempt's timeout",
-            lost_neighbour,
-        ),
-        "taken_for_lost": Figure(
-            "attempts of live workers taken for lost (neither killed nor paused past lost-after)",
-            taken_for_lost,
-        ),
-        "lost_crash": Figure(
-            "attempts failed as lost because their worker process crashed", lost_crash
+        "lost_expected": Figure(
+            "attempts failed as lost after their worker was killed or cut off", lost_expected
         ),
         "worker_crashes": Figure(
             "worker processes that ended on an uncaught exception (log)",
@@ -383,7 +584,8 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
         ),
     }
     for key, lines in examples.items():
-        figures[key].examples = lines[:5]
+        if key in figures:
+            figures[key].examples = lines[:5]
     return figures
 
 

@@ -43,6 +43,10 @@ JOBSTATE_HEARTBEAT_INTERVAL = 0.5
 JOBSTATE_LOST_AFTER = 4.0
 JOBSTATE_POLL_INTERVAL = 0.1
 JOBSTATE_MAX_BACKOFF = 1.0
+# Every attempt has a deadline that its supervisor enforces: longer than any planned body
+# (sleeps up to 1.5 s, an interpreter held for LOST_AFTER + 2 s), plus a long SIGSTOP of
+# its worker (LOST_AFTER + 2 s) or an outage (the same) on top.
+JOBSTATE_DEFAULT_TIMEOUT = 12.0
 
 LOGGING = {
     "version": 1,

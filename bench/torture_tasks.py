@@ -6,18 +6,27 @@ in torture.py can say, for every attempt, what it should have done.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import time
 import uuid
 
 from django.db import connection
+from django.db.models.functions import Now
 from django.tasks import TaskContext, task
 
 from bench.models import Execution
 from django_jobstate.models import Job
 
-PLAIN, SLEEP, OVERRUN = "plain", "sleep", "overrun"  # kinds of job (an argument)
+# Kinds of job (an argument). PLAIN returns at once, SLEEP sleeps; OVERRUN sleeps past its
+# timeout on its first attempt; GIL_OVERRUN holds the interpreter past it; GIL_HOLD holds
+# the interpreter (no timeout of its own: the default one, longer) for longer than the
+# lost-after window on its first attempt, and must succeed; UGLY raises errors that are
+# hard to store (a NUL, a lone surrogate, a str() that raises) for its planned failures.
+PLAIN, SLEEP, OVERRUN = "plain", "sleep", "overrun"
+GIL_OVERRUN, GIL_HOLD, UGLY = "gil-overrun", "gil-hold", "ugly"
+OVERRUN_KINDS = frozenset({OVERRUN, GIL_OVERRUN})
 OK, FAIL = "ok", "fail"  # planned outcomes of an attempt (and OVERRUN)
 OVERRUN_TIMEOUT = 1.0
 
@@ -26,47 +35,121 @@ class TortureFailure(Exception):
     """The planned failure of an attempt."""
 
 
+class TortureNulFailure(TortureFailure):
+    """A planned failure whose message holds a NUL character."""
+
+
+class TortureSurrogateFailure(TortureFailure):
+    """A planned failure whose message holds a lone surrogate."""
+
+
+class TortureUnprintableFailure(TortureFailure):
+    """A planned failure whose str() raises."""
+
+    def __str__(self) -> str:
+        raise RuntimeError("this error cannot be printed")
+
+
+# Each unprintable error, and its message as the attempt's row must store it.
+UGLY_ERRORS: dict[type[TortureFailure], tuple[str, str]] = {
+    TortureNulFailure: ("before\x00after", "before\\x00after"),
+    TortureSurrogateFailure: ("lone \ud800 surrogate", "lone \\ud800 surrogate"),
+    TortureUnprintableFailure: ("unprintable", "<str() of the error failed>"),
+}
+PLANNED_ERRORS = frozenset(
+    f"{cls.__module__}.{cls.__qualname__}" for cls in (TortureFailure, *UGLY_ERRORS)
+)
+
+
+def _digest(seed: int, result_id: str, attempt: int) -> bytes:
+    return hashlib.sha256(f"{seed}:{uuid.UUID(result_id)}:{attempt}".encode()).digest()
+
+
 def planned(seed: int, kind: str, result_id: str, attempt: int, fail_rate: float) -> str:
     """What attempt `attempt` of this task does: OK, FAIL, or OVERRUN (its timeout)."""
-    if kind == OVERRUN and attempt == 1:
+    if attempt == 1 and kind in OVERRUN_KINDS:
         return OVERRUN
-    digest = hashlib.sha256(f"{seed}:{uuid.UUID(result_id)}:{attempt}".encode()).digest()
+    if attempt == 1 and kind == GIL_HOLD:
+        return OK
+    digest = _digest(seed, result_id, attempt)
     return FAIL if int.from_bytes(digest[:8]) / 2**64 < fail_rate else OK
 
 
-def record_start(result_id: str, attempt: int, worker_id: str) -> None:
-    """Insert the Execution row, with the attempt's state as this very statement sees it."""
+def planned_error(seed: int, kind: str, result_id: str, attempt: int) -> type[TortureFailure]:
+    """The class of a planned failure of this attempt."""
+    if kind != UGLY:
+        return TortureFailure
+    return list(UGLY_ERRORS)[_digest(seed, result_id, attempt)[8] % len(UGLY_ERRORS)]
+
+
+def stored_message(error: type[TortureFailure], attempt: int) -> str:
+    """The error message a planned failure of `attempt` must leave in its row."""
+    if error in UGLY_ERRORS:
+        return UGLY_ERRORS[error][1]
+    return f"planned failure of attempt {attempt}"
+
+
+def record_start(result_id: str, context_attempt: int, worker_id: str) -> tuple[int, int]:
+    """Insert the Execution row, with the attempt's state as this very statement sees it;
+    return its id and the attempt's number.
+
+    The attempt is the newest one its worker claimed: the body is told only
+    TaskContext.attempt, which counts the attempts that ran, not those handed back
+    unstarted (released), so it can be less than Job.attempt. Both are recorded.
+    """
     ex, job = Execution._meta, Job._meta
     qn = connection.ops.quote_name
     rid = uuid.UUID(result_id)
+    rid_ex = ex.get_field("result_id").get_db_prep_value(rid, connection)
+    rid_job = job.get_field("result_id").get_db_prep_value(rid, connection)
+    columns = ", ".join(
+        qn(c) for c in ("result_id", "attempt", "context_attempt", "pid", "worker_id", "seen_state")
+    )
+    pid = os.getpid()
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {qn(ex.db_table)} "
-            f"({qn('result_id')}, {qn('attempt')}, {qn('pid')}, {qn('worker_id')}, "
-            f"{qn('seen_state')}) "
-            f"VALUES (%s, %s, %s, %s, COALESCE((SELECT {qn('state')} FROM {qn(job.db_table)} "
-            f"WHERE {qn('result_id')} = %s AND {qn('attempt')} = %s), ''))",
-            [
-                ex.get_field("result_id").get_db_prep_value(rid, connection),
-                attempt,
-                os.getpid(),
-                worker_id,
-                job.get_field("result_id").get_db_prep_value(rid, connection),
-                attempt,
-            ],
+            f"INSERT INTO {qn(ex.db_table)} ({columns}) "
+            f"SELECT %s, {qn('attempt')}, %s, %s, %s, {qn('state')} FROM {qn(job.db_table)} "
+            f"WHERE {qn('result_id')} = %s AND {qn('worker_id')} = %s "
+            f"ORDER BY {qn('attempt')} DESC LIMIT 1 "
+            f"RETURNING {qn('id')}, {qn('attempt')}",
+            [rid_ex, context_attempt, pid, worker_id, rid_job, worker_id],
         )
+        row = cursor.fetchone()
+        if row is None:  # no attempt of this worker: recorded as it is, found by the check
+            cursor.execute(
+                f"INSERT INTO {qn(ex.db_table)} ({columns}) VALUES (%s, %s, %s, %s, %s, '') "
+                f"RETURNING {qn('id')}, {qn('attempt')}",
+                [rid_ex, context_attempt, context_attempt, pid, worker_id],
+            )
+            row = cursor.fetchone()
+        return int(row[0]), int(row[1])
+
+
+def hold_the_interpreter(seconds: float) -> None:
+    """Sleep in C without releasing the GIL (as a catastrophic regular expression or many
+    C extensions do): no other thread of this process runs meanwhile."""
+    ctypes.PyDLL(None).usleep(int(seconds * 1_000_000))
 
 
 def body(context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: float) -> int:
     result = context.task_result
     # First thing: a body paused after this line and resumed later does not record again.
-    record_start(result.id, context.attempt, result.worker_ids[-1])
-    outcome = planned(seed, kind, result.id, context.attempt, fail_rate)
-    if kind == SLEEP or outcome == OVERRUN:
+    execution, attempt = record_start(result.id, context.attempt, result.worker_ids[-1])
+    outcome = planned(seed, kind, result.id, attempt, fail_rate)
+    first = attempt == 1
+    if kind in (GIL_OVERRUN, GIL_HOLD) and first:
+        hold_the_interpreter(seconds)  # an overrun holds it past its timeout: killed
+    elif kind == SLEEP or outcome == OVERRUN:
         time.sleep(seconds)  # an overrun sleeps past its timeout: its worker process ends
+    if outcome == OVERRUN:  # still alive past the deadline: the timeout was not enforced
+        Execution.objects.filter(pk=execution).update(ended_at=Now())
     if outcome == FAIL:
-        raise TortureFailure(f"planned failure of attempt {context.attempt}")
-    return context.attempt
+        error = planned_error(seed, kind, result.id, attempt)
+        if error in UGLY_ERRORS:
+            raise error(UGLY_ERRORS[error][0])
+        raise error(stored_message(error, attempt))
+    return attempt
 
 
 @task(takes_context=True, max_attempts=5, backoff=0.2)
@@ -83,5 +166,6 @@ def once(context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: 
 
 @task(takes_context=True, max_attempts=3, backoff=0.2, timeout=OVERRUN_TIMEOUT)
 def overrun(context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: float) -> int:
-    """The first attempt runs past its timeout; the later ones are plain."""
+    """The first attempt runs (or holds the interpreter) past its timeout; the later ones
+    are plain."""
     return body(context, seed, kind, seconds, fail_rate)

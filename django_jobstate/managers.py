@@ -490,7 +490,7 @@ class JobManager(_JobManagerBase["Job"]):
                 Exists(WorkerHeartbeat.objects.filter(worker_id__in=judges, last_seen__gte=fresh))
             )
         error = WorkerLost(f"its worker sent no heartbeat for {lost_after:g} seconds")
-        return self._fail_each(silent, FailureReason.LOST, error)
+        return self._fail_each(silent, FailureReason.LOST, error, skip_locked=True)
 
     def fail_running(
         self, worker_id: str, reason: FailureReason, error: BaseException, *, pk: int | None = None
@@ -545,16 +545,43 @@ class JobManager(_JobManagerBase["Job"]):
             self._fail_each([job], FailureReason.TIMEOUT, timeout_error(job)) for job in jobs
         )
 
-    def _fail_each(self, jobs: Iterable[Job], reason: FailureReason, error: BaseException) -> int:
+    def _fail_each(
+        self,
+        jobs: Iterable[Job],
+        reason: FailureReason,
+        error: BaseException,
+        *,
+        skip_locked: bool = False,
+    ) -> int:
+        """Fail each of `jobs` that is still where it was; return how many.
+
+        With `skip_locked` (PostgreSQL), pass over a row that another transaction holds,
+        rather than wait for it: a worker cut off between its outcome's UPDATE and its
+        COMMIT holds the row until its connection is dropped, which for a host that never
+        comes back can take hours, and a rescuer must keep heartbeating meanwhile.
+        """
         failed = 0
         for job in jobs:
             try:
-                self.fail(job, reason, **describe_error(error))
+                locking = transaction.atomic(using=job._state.db)
+                with locking if skip_locked else contextlib.nullcontext():
+                    if skip_locked and not self._lock_or_skip(job):
+                        continue  # its writer holds it; see again at the next rescue
+                    self.fail(job, reason, **describe_error(error))
             except LostRace:
                 continue  # its worker finished it, or another rescuer got there first
             logger.warning("Job %s attempt %d failed as %s: %s", job.pk, job.attempt, reason, error)
             failed += 1
         return failed
+
+    def _lock_or_skip(self, job: Job) -> bool:
+        """Lock `job`'s row unless another transaction holds it (SQLite: no row locks, and
+        a read before the write would ask for a lock upgrade, so nothing to do)."""
+        db = job._state.db or router.db_for_write(self.model)
+        if not connections[db].features.has_select_for_update_skip_locked:
+            return True
+        row = self.using(db).filter(pk=job.pk).select_for_update(skip_locked=True)
+        return bool(list(row.values_list("pk", flat=True)))
 
     def cancel(self, job: Job) -> None:
         """Delete `job` if it is still queued: a cancelled job never runs."""

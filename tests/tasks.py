@@ -92,6 +92,15 @@ def sleeps_on_first_attempt(context: TaskContext, label: str, seconds: float) ->
     return context.attempt
 
 
+@task(takes_context=True, max_attempts=2, backoff=0, timeout=1)
+def sleeps_on_first_attempt_with_a_timeout(context: TaskContext, label: str, seconds: float) -> int:
+    """sleeps_on_first_attempt, with a timeout of a second."""
+    Execution.objects.create(label=f"{label}:{context.attempt}")
+    if context.attempt == 1:
+        time.sleep(seconds)
+    return context.attempt
+
+
 @task(max_attempts=2, backoff=0, timeout=1)
 def busy_loop(label: str) -> None:
     """Never return control: only a timeout that does not need the task's help stops it."""

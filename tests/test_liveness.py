@@ -10,14 +10,19 @@ import signal
 import sqlite3
 import subprocess
 import time
+from datetime import timedelta
 
 import pytest
 from django.conf import settings
 from django.db import connection, connections
+from django.db.models import F
+from django.db.models.functions import Now
+from django.utils import timezone
 
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import FailureReason, State
 from tests import tasks
+from tests.factories import JobFactory
 from tests.models import Execution
 from tests.test_recovery import attempts, executions, wait_for
 
@@ -170,3 +175,36 @@ def test_an_atomic_task_of_a_worker_taken_for_lost_rolls_its_writes_back(runjobs
     assert (lost.state, lost.failure_reason) == (State.FAILED, FailureReason.LOST)
     assert (retry.state, retry.return_value) == (State.SUCCEEDED, 2)
     assert executions() == ["z:2"]  # the zombie's write rolled back with its refused success
+
+
+# Found by the torture run's network partition: a worker host cut off between its failed
+# attempt's UPDATE and its COMMIT keeps that row locked until its transaction ends (for a
+# host that never comes back, until PostgreSQL notices the dead connection). A rescuer
+# that waits for the lock stops beating (one thread does both), and the other lost
+# attempts wait with it.
+@pytest.mark.skipif(not POSTGRES, reason="row locks: SQLite has one write lock, no row locks")
+def test_a_row_locked_by_a_cut_off_worker_does_not_stop_the_judge(runjobs):
+    import psycopg
+
+    old = timezone.now() - timedelta(seconds=LOST_AFTER * 3)
+    locked, other = (
+        JobFactory(running=True, worker_id=f"cut-off-{n}", started_at=old) for n in (1, 2)
+    )
+    holder = psycopg.connect(**connection.get_connection_params())
+    try:
+        with holder.cursor() as cursor:  # a transaction whose COMMIT never comes
+            cursor.execute(
+                f"SELECT 1 FROM {Job._meta.db_table} WHERE id = %s FOR UPDATE", [locked.pk]
+            )
+        judge = a_judge(runjobs)
+        time.sleep(LOST_AFTER)
+        beats = WorkerHeartbeat.objects.annotate(age=Now() - F("last_seen"))
+        ages = [row.age.total_seconds() for row in beats]
+        other.refresh_from_db()
+    finally:
+        holder.rollback()
+        holder.close()
+    assert ages
+    assert max(ages) < LOST_AFTER / 2, runjobs.output(judge)
+    assert (other.state, other.failure_reason) == (State.FAILED, FailureReason.LOST)
+    wait_for(lambda: Job.objects.get(pk=locked.pk).state == State.FAILED)  # once unlocked

@@ -99,5 +99,5 @@ def test_a_burst_run_that_cannot_reach_the_database_does_not_exit_as_done(runjob
     )
 
     assert done.returncode == 3, done.stdout
-    assert "could not reach the database" in done.stdout
+    assert "could not reach the database 'default'" in done.stdout
     assert Job.objects.get().state == State.QUEUED

@@ -58,7 +58,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
-        refuse_to_start(options["queues"])
+        refuse_to_start(options["queues"], burst=options["burst"])
         supervisor = Supervisor(
             concurrency=options["concurrency"],
             worker_id=options["worker_id"],
@@ -98,7 +98,7 @@ class Command(BaseCommand):
             )
 
 
-def refuse_to_start(queues: list[str] | None) -> None:
+def refuse_to_start(queues: list[str] | None, *, burst: bool) -> None:
     """Say why runjobs cannot do its job, before any worker starts; warn of unknown queues."""
     from django.db import DatabaseError, connections, router
     from django.tasks import task_backends
@@ -118,7 +118,15 @@ def refuse_to_start(queues: list[str] | None) -> None:
     try:
         tables = connections[db].introspection.table_names()
     except DatabaseError as exc:
-        raise CommandError(f"Cannot reach the database {db!r}: {exc}") from None
+        if burst:  # nothing can be done, and "done" must not be said
+            raise CommandError(
+                f"A burst run could not reach the database {db!r}: {exc}", returncode=3
+            ) from None
+        # A long-running runjobs waits for it (a failover, a restart during a deploy).
+        logger.warning("Database %r unavailable (%s); the workers will retry", db, exc)
+        return
+    finally:
+        connections[db].close()  # spawned workers open their own
     if Job._meta.db_table not in tables:
         raise CommandError(
             f"The job table {Job._meta.db_table!r} does not exist in the database {db!r}: "
