@@ -25,6 +25,7 @@ from django.utils.translation import gettext_lazy as _
 from .admin_actions import JobActions
 from .admin_filters import (
     CappedPaginator,
+    FailureReasonFilter,
     HasRetriesFilter,
     QueueFilter,
     TaskFilter,
@@ -32,6 +33,7 @@ from .admin_filters import (
     local,
     state_counts,
 )
+from .admin_page import failure_html, page_context
 from .exceptions import LostRace
 from .models import Job
 from .states import State
@@ -42,7 +44,15 @@ if TYPE_CHECKING:
 MAX_ID = 2**63 - 1  # the id column is a bigint
 ERROR_FIELDSET = (_("Error"), {"fields": ["error_class", "error_message", "traceback_pre"]})
 FIELDSETS = [
-    (None, {"fields": ["task_path", "state_badge", "failure_reason", "attempt_of", "result_id"]}),
+    (
+        None,
+        {
+            "fields": [
+                *["task_path", "state_badge", "failure_reason", "attempt_of", "origin"],
+                "result_id",
+            ]
+        },
+    ),
     ERROR_FIELDSET,
     (_("Arguments and result"), {"fields": ["args_json", "kwargs_json", "return_value_json"]}),
     (
@@ -86,6 +96,7 @@ class JobAdmin(JobActions, admin.ModelAdmin):
         "id",
         "task",
         "state_badge",
+        "failure",
         "queue_name",
         "priority",
         "attempt_of",
@@ -94,7 +105,7 @@ class JobAdmin(JobActions, admin.ModelAdmin):
         "duration",
         "worker_id",
     ]
-    list_filter = ["state", QueueFilter, TaskFilter, HasRetriesFilter]
+    list_filter = ["state", FailureReasonFilter, QueueFilter, TaskFilter, HasRetriesFilter]
     search_fields = ["task_path", "worker_id__exact"]  # and ids: see get_search_results()
     search_help_text = _("A job id, a result id, a worker id, or part of a task's path.")
     date_hierarchy = "enqueued_at"
@@ -125,13 +136,6 @@ class JobAdmin(JobActions, admin.ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
-    def has_operate_permission(self, request: HttpRequest) -> bool:
-        """Retry and run now: the model's change permission, though no form ever saves."""
-        return super().has_change_permission(request)
-
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return super().has_delete_permission(request)
-
     def delete_model(self, request: HttpRequest, obj: Job) -> None:
         try:
             Job.objects.cancel(obj)
@@ -152,9 +156,17 @@ class JobAdmin(JobActions, admin.ModelAdmin):
             '<span class="jobstate-badge jobstate-{}">{}</span>', job.state, job.get_state_display()
         )
 
+    @admin.display(description=_("failure"))
+    def failure(self, job: Job) -> str | None:
+        return failure_html(job)
+
     @admin.display(description=_("attempt"))
     def attempt_of(self, job: Job) -> str:
         return f"{job.attempt}/{job.max_attempts}"
+
+    @admin.display(description=_("how queued"))
+    def origin(self, job: Job) -> str:
+        return getattr(job, "origin_text", "")  # set by render_change_form()
 
     @admin.display(description=_("enqueued"), ordering="enqueued_at")
     def enqueued(self, job: Job) -> str:
@@ -220,10 +232,7 @@ class JobAdmin(JobActions, admin.ModelAdmin):
         if obj is not None:
             # Every attempt of this logical task, for the history table under the fields.
             attempts = list(Job.objects.attempts_of(obj.result_id))
-            for attempt in attempts:
-                # An attribute for the template only, not a model field.
-                attempt.duration_text = self.duration(attempt)  # type: ignore[attr-defined]
-            context["attempts"] = attempts
+            context.update(page_context(self, request, obj, attempts))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     @admin.display(description=_("arguments"))
