@@ -1,8 +1,7 @@
 """The admin as an operations console: every job visible, no state written by hand.
 
 States move only through the conditional writes in managers.py. No form saves anything;
-the actions call those writes and report how many jobs they moved and how many they skipped
-because the job had moved on first (a worker claimed it, another operator got there, ...).
+the actions (admin_actions.py) call those writes.
 
 Permissions: `view_job` shows jobs. `change_job` allows the Retry and Run now actions (the
 job page stays read-only for everyone, superusers included). `delete_job` allows cancelling,
@@ -14,21 +13,19 @@ import uuid
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
-from django.contrib import admin, messages
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.db.models.functions import Least, Now
-from django.forms import BooleanField
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.translation import gettext_lazy as _
-from django.utils.translation import ngettext
 
+from .admin_actions import JobActions
 from .admin_filters import (
     CappedPaginator,
+    FailureReasonFilter,
     HasRetriesFilter,
     QueueFilter,
     TaskFilter,
@@ -36,19 +33,26 @@ from .admin_filters import (
     local,
     state_counts,
 )
+from .admin_page import failure_html, page_context
 from .exceptions import LostRace
 from .models import Job
-from .querysets import JobQuerySet
 from .states import State
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
-    from django_stubs_ext import StrOrPromise
 
 MAX_ID = 2**63 - 1  # the id column is a bigint
 ERROR_FIELDSET = (_("Error"), {"fields": ["error_class", "error_message", "traceback_pre"]})
 FIELDSETS = [
-    (None, {"fields": ["task_path", "state_badge", "failure_reason", "attempt_of", "result_id"]}),
+    (
+        None,
+        {
+            "fields": [
+                *["task_path", "state_badge", "failure_reason", "attempt_of", "origin"],
+                "result_id",
+            ]
+        },
+    ),
     ERROR_FIELDSET,
     (_("Arguments and result"), {"fields": ["args_json", "kwargs_json", "return_value_json"]}),
     (
@@ -87,11 +91,12 @@ def pretty_json(value: Any) -> str:
 
 
 @admin.register(Job)
-class JobAdmin(admin.ModelAdmin):
+class JobAdmin(JobActions, admin.ModelAdmin):
     list_display = [
         "id",
         "task",
         "state_badge",
+        "failure",
         "queue_name",
         "priority",
         "attempt_of",
@@ -100,7 +105,7 @@ class JobAdmin(admin.ModelAdmin):
         "duration",
         "worker_id",
     ]
-    list_filter = ["state", QueueFilter, TaskFilter, HasRetriesFilter]
+    list_filter = ["state", FailureReasonFilter, QueueFilter, TaskFilter, HasRetriesFilter]
     search_fields = ["task_path", "worker_id__exact"]  # and ids: see get_search_results()
     search_help_text = _("A job id, a result id, a worker id, or part of a task's path.")
     date_hierarchy = "enqueued_at"
@@ -131,13 +136,6 @@ class JobAdmin(admin.ModelAdmin):
             return False
         return super().has_delete_permission(request, obj)
 
-    def has_operate_permission(self, request: HttpRequest) -> bool:
-        """Retry and run now: the model's change permission, though no form ever saves."""
-        return super().has_change_permission(request)
-
-    def has_cancel_permission(self, request: HttpRequest) -> bool:
-        return super().has_delete_permission(request)
-
     def delete_model(self, request: HttpRequest, obj: Job) -> None:
         try:
             Job.objects.cancel(obj)
@@ -158,9 +156,17 @@ class JobAdmin(admin.ModelAdmin):
             '<span class="jobstate-badge jobstate-{}">{}</span>', job.state, job.get_state_display()
         )
 
+    @admin.display(description=_("failure"))
+    def failure(self, job: Job) -> str | None:
+        return failure_html(job)
+
     @admin.display(description=_("attempt"))
     def attempt_of(self, job: Job) -> str:
         return f"{job.attempt}/{job.max_attempts}"
+
+    @admin.display(description=_("how queued"))
+    def origin(self, job: Job) -> str:
+        return getattr(job, "origin_text", "")  # set by render_change_form()
 
     @admin.display(description=_("enqueued"), ordering="enqueued_at")
     def enqueued(self, job: Job) -> str:
@@ -226,10 +232,7 @@ class JobAdmin(admin.ModelAdmin):
         if obj is not None:
             # Every attempt of this logical task, for the history table under the fields.
             attempts = list(Job.objects.attempts_of(obj.result_id))
-            for attempt in attempts:
-                # An attribute for the template only, not a model field.
-                attempt.duration_text = self.duration(attempt)  # type: ignore[attr-defined]
-            context["attempts"] = attempts
+            context.update(page_context(self, request, obj, attempts))
         return super().render_change_form(request, context, add, change, form_url, obj)
 
     @admin.display(description=_("arguments"))
@@ -251,77 +254,3 @@ class JobAdmin(admin.ModelAdmin):
         if not job.traceback:
             return self.get_empty_value_display()
         return format_html('<pre class="jobstate-pre jobstate-traceback">{}</pre>', job.traceback)
-
-    # Actions: each one the same conditional write a worker uses.
-
-    @admin.action(description=_("Retry the selected failed jobs"), permissions=["operate"])
-    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> None:
-        selected = self.selected_count(request, queryset)
-        retried = 0
-        for job in queryset:
-            try:
-                new = Job.objects.retry(job)
-            except LostRace:
-                continue
-            retried += 1
-            self.log_addition(request, new, f"Retry of job {job.pk}")
-        verb = ngettext(
-            "Queued a new attempt for %(done)d of %(selected)d selected job",
-            "Queued a new attempt for %(done)d of %(selected)d selected jobs",
-            selected,
-        )
-        self.report(request, verb, selected, retried, _("not failed, or already retried"))
-
-    @admin.action(description=_("Run the selected queued jobs now"), permissions=["operate"])
-    def run_now(self, request: HttpRequest, queryset: JobQuerySet) -> None:
-        selected = self.selected_count(request, queryset)
-        # One conditional UPDATE; a job that is already due keeps its place in the queue.
-        moved = queryset.queued().update(run_after=Least("run_after", Now()))
-        verb = ngettext(
-            "Set %(done)d of %(selected)d selected job to run now",
-            "Set %(done)d of %(selected)d selected jobs to run now",
-            selected,
-        )
-        self.report(request, verb, selected, moved, _("no longer queued"))
-
-    @admin.action(description=_("Cancel the selected queued jobs"), permissions=["cancel"])
-    def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
-        selected = self.selected_count(request, queryset)
-        cancelled = []
-        for job in queryset.queued():
-            try:
-                Job.objects.cancel(job)
-            except LostRace:
-                continue
-            cancelled.append(job)
-        if cancelled:
-            # The rows are gone: log the jobs as read (the default log_deletions() only iterates).
-            self.log_deletions(request, cancelled)  # type: ignore[arg-type]
-        verb = ngettext(
-            "Cancelled %(done)d of %(selected)d selected job",
-            "Cancelled %(done)d of %(selected)d selected jobs",
-            selected,
-        )
-        self.report(request, verb, selected, len(cancelled), _("no longer queued"))
-
-    def selected_count(self, request: HttpRequest, queryset: QuerySet[Job]) -> int:
-        """How many jobs the operator selected, including any gone by now."""
-        if BooleanField().to_python(request.POST.get("select_across")):
-            return queryset.count()
-        return len(set(request.POST.getlist(ACTION_CHECKBOX_NAME)))
-
-    def report(
-        self, request: HttpRequest, verb: str, selected: int, done: int, skip_reason: "StrOrPromise"
-    ) -> None:
-        """Tell how many jobs an action moved and how many it skipped because they moved on."""
-        selected = max(selected, done)
-        skipped = selected - done
-        message = verb % {"done": done, "selected": selected}
-        if skipped:
-            message += _("; skipped %(skipped)d (%(reason)s).") % {
-                "skipped": skipped,
-                "reason": skip_reason,
-            }
-        else:
-            message += _("; skipped 0.")
-        self.message_user(request, message, messages.WARNING if skipped else messages.SUCCESS)

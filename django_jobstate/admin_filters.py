@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.translation import gettext_lazy as _
 
-from .states import State
+from .states import FailureReason, State
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -134,6 +134,36 @@ class HasRetriesFilter(admin.SimpleListFilter):
         if self.value() == "yes":
             return queryset.filter(pk__in=linked)
         return queryset.exclude(pk__in=linked)
+
+
+# Short, for a column: the model's labels are sentences.
+FAILURE_LABELS = {
+    FailureReason.ERROR: _("error"),
+    FailureReason.TIMEOUT: _("timeout"),
+    FailureReason.LOST: _("lost"),
+    FailureReason.INTERRUPTED: _("interrupted"),
+    FailureReason.RELEASED: _("released (never started)"),
+}
+
+
+class FailureReasonFilter(admin.SimpleListFilter):
+    """Failed attempts by why they failed.
+
+    Filtered on the state too, which only failed rows can match: the rows come from the
+    partial index of failed rows (newest first), and the state counts of the other
+    states are contradictions that PostgreSQL answers without reading a row.
+    """
+
+    title = _("failure reason")
+    parameter_name = "failure_reason"
+
+    def lookups(self, request: HttpRequest, model_admin: Any) -> list[tuple[str, "StrOrPromise"]]:
+        return [(reason.value, FAILURE_LABELS[reason]) for reason in FailureReason]
+
+    def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
+        if self.value() not in FailureReason.values:
+            return queryset
+        return queryset.filter(state=State.FAILED, failure_reason=self.value())
 
 
 class CalendarQuerySet:

@@ -225,11 +225,12 @@ def test_retry_creates_the_next_attempt_and_leaves_the_failed_one(client):
     before = row(failed)
     response = run_action(client, "retry_jobs", failed, succeeded)
     assert response.status_code == 302
+    new = Job.objects.get(previous=failed)
     assert messages_of(response) == [
-        "Queued a new attempt for 1 of 2 selected jobs; skipped 1 (not failed, or already retried)."
+        f'Queued a new attempt for 1 of 2 selected jobs: <a href="{change_url(new)}">'
+        f"job #{new.pk}</a> (attempt 2); skipped 1 (not failed, or already retried)."
     ]
     assert row(failed) == before
-    new = Job.objects.get(previous=failed)
     assert (new.state, new.attempt, new.result_id) == (State.QUEUED, 2, failed.result_id)
     assert LogEntry.objects.get(user=user).object_id == str(new.pk)
 
@@ -643,3 +644,248 @@ def test_cancel_page_beside_a_running_worker_never_fails(client, runjobs):
     assert busy.exists(), "the worker finished before the cancels did: no contention"
     assert failures == [], f"{len(failures)} of {len(jobs)} cancels failed: {failures[0]}"
     assert not Job.objects.filter(queue_name="emails").exists()
+
+
+# Saying plainly what happened: retries by hand, why an attempt failed.
+
+
+def retry_url(job: Job) -> str:
+    return reverse("admin:django_jobstate_job_retry", args=[job.pk])
+
+
+def test_a_retry_by_hand_of_a_task_that_used_every_attempt_reads_2_of_2(client):
+    login(client, "view", "change")
+    spent = JobFactory.in_state(State.FAILED, max_attempts=1)
+    spare = JobFactory.in_state(State.FAILED, max_attempts=3, failure_reason="interrupted")
+    run_action(client, "retry_jobs", spent, spare)
+    new, other = Job.objects.get(previous=spent), Job.objects.get(previous=spare)
+    assert (new.attempt, new.max_attempts) == (2, 2)  # one more attempt, never "2/1"
+    assert (other.attempt, other.max_attempts) == (2, 3)  # attempts left: unchanged
+    html = client.get(LIST_URL).content.decode()
+    assert "2/1" not in html
+    assert "2/2" in html
+    page = client.get(change_url(new)).content.decode()
+    assert "retried by hand by user0" in page
+    history = page.split("Attempts of this task")[1].split("</table>")[0]
+    assert "retried by hand by user0" in history
+    assert "enqueued" in history
+
+
+def test_automatic_retries_and_hand_backs_say_how_they_were_queued(client):
+    login(client, "view")
+    first = JobFactory.in_state(State.FAILED, max_attempts=3)
+    second = JobFactory.in_state(
+        State.FAILED,
+        result_id=first.result_id,
+        attempt=2,
+        previous=first,
+        max_attempts=3,
+        failure_reason="released",
+        error_class="django_jobstate.exceptions.WorkerLost",
+    )
+    third = JobFactory.in_state(
+        State.QUEUED, result_id=first.result_id, attempt=3, previous=second, max_attempts=4
+    )
+    history = client.get(change_url(third)).content.decode().split("Attempts of this task")[1]
+    assert "automatic retry" in history
+    assert "attempt 2 never started" in history
+    assert "released (never started)" in history
+
+
+@pytest.mark.parametrize(
+    ("fields", "shown"),
+    [
+        ({"error_class": "builtins.ValueError"}, "error: ValueError"),
+        ({"error_class": "app.errors.Oops.Nested"}, "error: Nested"),
+        ({"failure_reason": "timeout", "error_class": "x.JobTimeout"}, "timeout"),
+        ({"failure_reason": "lost", "error_class": "x.WorkerLost"}, "lost"),
+        ({"failure_reason": "interrupted"}, "interrupted"),
+        ({"failure_reason": "released", "error_class": "x.WorkerLost"}, "released (never started)"),
+    ],
+)
+def test_list_says_why_each_attempt_failed(client, fields, shown):
+    login(client, "view")
+    JobFactory.in_state(State.FAILED, **fields)
+    JobFactory.in_state(State.SUCCEEDED)
+    response = client.get(LIST_URL)
+    cells = [
+        cell.split(">", 1)[1].split("</td>")[0]
+        for cell in response.content.decode().split('<td class="field-failure"')[1:]
+    ]
+    assert len(cells) == 2
+    assert cells[0] == "-"  # the succeeded job (the list is newest first)
+    assert f">{shown}</span>" in cells[1]
+
+
+def test_filter_by_failure_reason_reads_failed_attempts_only(client):
+    login(client, "view")
+    timeout = JobFactory.in_state(State.FAILED, failure_reason="timeout")
+    JobFactory.in_state(State.FAILED)
+    JobFactory.in_state(State.QUEUED)
+    with CaptureQueriesContext(connection) as queries:
+        response = client.get(LIST_URL, {"failure_reason": "timeout"})
+    assert [job.pk for job in response.context["cl"].result_list] == [timeout.pk]
+    listing = [q["sql"] for q in queries if '"failure_reason" = ' in q["sql"]]
+    assert listing
+    assert all("\"state\" = 'failed'" in sql or '"state" = %s' in sql for sql in listing)
+    html = response.content.decode()
+    assert "?failure_reason=released" in html
+    assert "released (never started)" in html
+    assert state_counts(response)["failed"] == ("1", False)
+
+
+# The Retry button of a failed job's page.
+
+
+def test_retry_button_is_on_the_page_of_a_tasks_newest_failed_attempt_only(client):
+    first = JobFactory.in_state(State.FAILED, max_attempts=2)
+    last = JobFactory.in_state(
+        State.FAILED, result_id=first.result_id, attempt=2, previous=first, max_attempts=2
+    )
+    others = [JobFactory.in_state(state) for state in [State.QUEUED, *NOT_QUEUED[:2]]]
+    login(client, "view")
+    assert retry_url(last) not in client.get(change_url(last)).content.decode()
+
+    login(client, "view", "change")
+    html = client.get(change_url(last)).content.decode()
+    form = html.split(f'action="{retry_url(last)}"')[1].split("</form>")[0]
+    assert "csrfmiddlewaretoken" in form
+    assert "Retry: queue attempt 3" in form
+    assert "Attempt 2 of 2 failed (error: ValueError)" in html
+    older = client.get(change_url(first)).content.decode()
+    assert "/retry/" not in older
+    assert f'href="{change_url(last)}"' in older.split("Retry is not offered")[1]
+    for job in others:
+        assert "/retry/" not in client.get(change_url(job)).content.decode()
+
+
+def test_retry_button_queues_the_next_attempt_and_opens_its_page(client):
+    user = login(client, "view", "change")
+    failed = JobFactory.in_state(State.FAILED, max_attempts=2, attempt=2)
+    csrf_client = Client(enforce_csrf_checks=True)
+    csrf_client.force_login(user)
+    assert csrf_client.post(retry_url(failed)).status_code == 403  # no CSRF token
+    assert Job.objects.count() == 1
+    assert csrf_client.get(retry_url(failed)).status_code == 405  # POST only
+    page = csrf_client.get(change_url(failed))
+    token = page.content.decode().split('name="csrfmiddlewaretoken" value="')[1].split('"')[0]
+
+    response = csrf_client.post(retry_url(failed), {"csrfmiddlewaretoken": token})
+
+    new = Job.objects.get(previous=failed)
+    assert (new.state, new.attempt, new.max_attempts) == (State.QUEUED, 3, 3)
+    assert response.status_code == 302
+    assert response["Location"] == change_url(new)
+    assert messages_of(response) == [
+        f'Retried as attempt 3 (<a href="{change_url(new)}">job #{new.pk}</a>): queued to run now.'
+    ]
+    assert LogEntry.objects.get(user=user).object_id == str(new.pk)
+    shown = csrf_client.get(response["Location"]).content.decode()
+    assert f"job #{new.pk}</a>): queued to run now." in shown
+
+
+def test_retry_button_needs_the_change_permission(client):
+    login(client, "view")
+    failed = JobFactory.in_state(State.FAILED)
+    assert client.post(retry_url(failed)).status_code == 403
+    assert Job.objects.count() == 1
+
+
+def test_retry_button_says_why_it_did_not_retry(client):
+    login(client, "view", "change")
+    first = JobFactory.in_state(State.FAILED, max_attempts=3)
+    second = JobFactory.in_state(
+        State.FAILED, result_id=first.result_id, attempt=2, previous=first, max_attempts=3
+    )
+    third = JobFactory.in_state(
+        State.QUEUED, result_id=first.result_id, attempt=3, previous=second, max_attempts=3
+    )
+    lone = JobFactory.in_state(State.SUCCEEDED)
+
+    def refusal(job: Job) -> str:
+        response = client.post(retry_url(job))
+        assert response.status_code == 302
+        assert response["Location"] == change_url(job)
+        return messages_of(response)[-1]  # the earlier ones, never shown, are still stored
+
+    link = f'<a href="{change_url(third)}">job #{third.pk}</a>'
+    assert refusal(second) == f"Job #{second.pk} was not retried: attempt 3 ({link}) is queued."
+    assert refusal(first) == f"Job #{first.pk} was not retried: attempt 3 ({link}) is queued."
+    Job.objects.claim("w1")
+    Job.objects.succeed(Job.objects.get(pk=third.pk), None)
+    assert refusal(second) == (
+        f"Job #{second.pk} was not retried: it was already retried as attempt 3 ({link}), "
+        f"which succeeded."
+    )
+    link2 = f'<a href="{change_url(second)}">job #{second.pk}</a>'
+    assert refusal(first) == (
+        f"Job #{first.pk} was not retried: it was already retried as attempt 2 ({link2}), "
+        f"which failed; the newest is attempt 3 ({link}), which succeeded."
+    )
+    assert (
+        refusal(lone) == f"Job #{lone.pk} was not retried: it succeeded; only a failure is retried."
+    )
+    assert Job.objects.count() == 4
+
+
+def test_retry_button_that_loses_a_race_says_who_won(client, monkeypatch):
+    login(client, "view", "change")
+    failed = JobFactory.in_state(State.FAILED)
+    retry = Job.objects.retry
+
+    def another_operator_first(job, **kwargs):
+        retry(job)
+        return retry(job, **kwargs)
+
+    monkeypatch.setattr(Job.objects, "retry", another_operator_first)
+    response = client.post(retry_url(failed))
+    new = Job.objects.get(previous=failed)
+    assert messages_of(response) == [
+        f"Job #{failed.pk} was not retried: attempt 2 "
+        f'(<a href="{change_url(new)}">job #{new.pk}</a>) is queued.'
+    ]
+
+
+# After a retry from the list: show the new attempts.
+
+
+def test_retry_action_of_one_job_opens_its_new_attempt(client):
+    login(client, "view", "change")
+    failed = JobFactory.in_state(State.FAILED)
+    response = run_action(client, "retry_jobs", failed, url=LIST_URL + "?state__exact=failed")
+    new = Job.objects.get(previous=failed)
+    assert response["Location"] == change_url(new)
+    assert messages_of(response) == [
+        "Queued a new attempt for 1 of 1 selected job: "
+        f'<a href="{change_url(new)}">job #{new.pk}</a> (attempt 2); skipped 0.'
+    ]
+
+
+def test_retry_action_of_several_jobs_lists_their_tasks_without_the_state_filter(client):
+    login(client, "view", "change")
+    failed = [JobFactory.in_state(State.FAILED) for _ in range(3)]
+    JobFactory.in_state(State.FAILED)  # not selected
+    response = run_action(client, "retry_jobs", *failed, url=LIST_URL + "?state__exact=failed")
+    new = [Job.objects.get(previous=job) for job in failed]
+    assert response.status_code == 302
+    assert "state__exact" not in response["Location"]
+    [message] = messages_of(response)
+    assert message.startswith("Queued a new attempt for 3 of 3 selected jobs: ")
+    for job in new:
+        assert f'<a href="{change_url(job)}">job #{job.pk}</a> (attempt 2)' in message
+    listed = client.get(response["Location"]).context["cl"].result_list
+    assert {job.pk for job in listed} == {job.pk for job in failed + new}
+
+
+def test_retry_action_of_many_jobs_shows_the_list_without_the_state_filter(client, monkeypatch):
+    from django_jobstate import admin_actions
+
+    monkeypatch.setattr(admin_actions, "MAX_LISTED", 2)
+    login(client, "view", "change")
+    failed = [JobFactory.in_state(State.FAILED, queue_name="emails") for _ in range(3)]
+    response = run_action(
+        client, "retry_jobs", *failed, url=LIST_URL + "?state__exact=failed&queue_name=emails"
+    )
+    assert response["Location"] == LIST_URL + "?queue_name=emails"
+    listed = client.get(response["Location"]).context["cl"].result_list
+    assert len([job for job in listed if job.state == State.QUEUED]) == 3

@@ -159,17 +159,19 @@ def test_operator_finds_a_failed_job_and_retries_it(browser, live_server):
     click_and_load(
         driver, driver.find_element(By.CSS_SELECTOR, "#changelist-form button[name=index]")
     )
-    message = driver.find_element(By.CSS_SELECTOR, ".messagelist .success").text
-    assert message == "Queued a new attempt for 1 of 1 selected job; skipped 0.", message
-    screenshot(driver, "admin-after-retry.png")
-
-    # The new attempt is queued.
+    # It lands on the new attempt, which the "failed" filter would have hidden.
     new = Job.objects.get(previous=failed)
     assert (new.state, new.attempt) == (State.QUEUED, 3)
-    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, ".jobstate-count.jobstate-queued"))
-    row = driver.find_element(By.XPATH, f"//tr[.//a[text()='{new.pk}']]")
-    assert "QUEUED" in row.text
-    assert "3/3" in row.text
+    assert driver.current_url.endswith(f"/job/{new.pk}/change/")
+    message = driver.find_element(By.CSS_SELECTOR, ".messagelist .success").text
+    expected = (
+        f"Queued a new attempt for 1 of 1 selected job: job #{new.pk} (attempt 3); skipped 0."
+    )
+    assert message == expected, message
+    screenshot(driver, "admin-after-retry.png")
+    history = driver.find_elements(By.CSS_SELECTOR, ".jobstate-history tbody tr")
+    assert [row.text.split()[0] for row in history] == ["1/3", "2/3", "3/3"]
+    assert "retried by hand by operator" in history[2].text
 
     # A succeeded job's page offers neither save nor delete.
     driver.get(f"{live_server.url}/admin/django_jobstate/job/{succeeded.pk}/change/")
@@ -178,6 +180,51 @@ def test_operator_finds_a_failed_job_and_retries_it(browser, live_server):
     assert not driver.find_elements(By.CSS_SELECTOR, "input[type=submit]")
     assert not driver.find_elements(By.CSS_SELECTOR, "a.deletelink")
     assert driver.find_element(By.CSS_SELECTOR, "a.closelink")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_retry_button_on_a_failed_jobs_page(browser, live_server):
+    from selenium.webdriver.common.by import By
+
+    driver = browser
+    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
+    operator.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_job", "change_job"])
+    )
+    failed = JobFactory.in_state(State.FAILED, task_path="tests.tasks.boom", max_attempts=1)
+    driver.get(f"{live_server.url}/admin/django_jobstate/job/{failed.pk}/change/")
+    driver.find_element(By.NAME, "username").send_keys("operator")
+    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+
+    note = driver.find_element(By.CSS_SELECTOR, ".jobstate-note")
+    assert note.text.startswith(
+        "Attempt 1 of 1 failed (error: ValueError); no further attempt is queued."
+    ), note.text
+    failure = driver.find_element(By.CSS_SELECTOR, ".jobstate-history .jobstate-failure")
+    assert failure.text == "error: ValueError"
+    screenshot(driver, "admin-failed-job-retry-button.png")
+    click_and_load(driver, note.find_element(By.CSS_SELECTOR, "button.jobstate-retry"))
+
+    new = Job.objects.get(previous=failed)
+    assert (new.state, new.attempt, new.max_attempts) == (State.QUEUED, 2, 2)
+    assert driver.current_url.endswith(f"/job/{new.pk}/change/")
+    message = driver.find_element(By.CSS_SELECTOR, ".messagelist .success")
+    assert message.text == f"Retried as attempt 2 (job #{new.pk}): queued to run now."
+    link = message.find_element(By.TAG_NAME, "a")
+    assert link.get_attribute("href").endswith(f"/job/{new.pk}/change/")
+    assert "2/2" in driver.find_element(By.CSS_SELECTOR, ".field-attempt_of").text
+    assert (
+        "retried by hand by operator" in driver.find_element(By.CSS_SELECTOR, ".field-origin").text
+    )
+    assert not driver.find_elements(By.CSS_SELECTOR, "button.jobstate-retry")  # it is queued
+    screenshot(driver, "admin-after-retry-button.png")
+
+    # The failed attempt's page now says why there is no button.
+    driver.get(f"{live_server.url}/admin/django_jobstate/job/{failed.pk}/change/")
+    note = driver.find_element(By.CSS_SELECTOR, ".jobstate-note").text
+    assert note == f"Retry is not offered: attempt 2 (job #{new.pk}) is queued.", note
+    assert not driver.find_elements(By.CSS_SELECTOR, "button.jobstate-retry")
 
 
 def test_a_missing_browser_skips_loudly_but_fails_under_ci(monkeypatch):
