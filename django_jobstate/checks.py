@@ -22,7 +22,7 @@ from django.tasks import Task, task_backends
 from django.tasks.exceptions import InvalidTaskBackend
 from django.utils.module_loading import import_string
 
-from .backend import JobStateBackend
+from .backend import ImmediateBackend, JobStateBackend
 from .conf import LIMIT_NAMES, MAXIMUM, Settings
 from .loading import is_task_module
 
@@ -157,14 +157,17 @@ def check_tasks_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             backend = import_string(config["BACKEND"])
         except (ImportError, KeyError, TypeError):
             continue  # django.tasks reports a backend it cannot load
-        if isinstance(backend, type) and issubclass(backend, JobStateBackend):
+        # The app's ImmediateBackend is the test settings' JobStateBackend.
+        if isinstance(backend, type) and issubclass(backend, JobStateBackend | ImmediateBackend):
             return []
     return [
         CheckWarning(
             f"django_jobstate is installed, but no TASKS alias uses {BACKEND_PATH}, so "
-            f"enqueue() does not create jobs for runjobs to run.",
-            hint=f'Set TASKS = {{"default": {{"BACKEND": "{BACKEND_PATH}"}}}}, or remove '
-            f"django_jobstate from INSTALLED_APPS.",
+            f"enqueue() does not create jobs for runjobs to run (and Django's backends "
+            f"refuse task options such as @task(max_attempts=3) with a TypeError).",
+            hint=f'Set TASKS = {{"default": {{"BACKEND": "{BACKEND_PATH}"}}}}; in test '
+            f"settings, django_jobstate.backend.ImmediateBackend runs tasks at enqueue() "
+            f"and accepts their options. Or remove django_jobstate from INSTALLED_APPS.",
             id="django_jobstate.W003",
         )
     ]

@@ -98,6 +98,8 @@ def test_each_check_fires_for_its_bad_setting(overrides, expected):
         },
         {"JOBSTATE_LOST_AFTER": 365 * 86_400, "JOBSTATE_MAX_BACKOFF": 365 * 86_400},
         {"TASKS": {**IMMEDIATE, "jobs": {"BACKEND": "tests.test_checks.CustomBackend"}}},
+        # The app's own ImmediateBackend, for test settings, counts as using the app.
+        {"TASKS": {"default": {"BACKEND": "django_jobstate.backend.ImmediateBackend"}}},
         {"JOBSTATE_TASK_MODULES": ("tests.tasks", "tests.factories")},
     ],
 )
