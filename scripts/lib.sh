@@ -44,15 +44,22 @@ _python_version() {
         echo "not runnable"
 }
 
-# Print the path of a Python >= 3.12 (Django 6 needs it).
+# _python_is PYTHON X.Y: PYTHON runs and is Python X.Y.
+_python_is() {
+    [[ $("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) == "$2" ]]
+}
+
+# find_python [X.Y]: print the path of a Python >= 3.12 (Django 6 needs it), or
+# with X.Y, of a Python X.Y (a pair of the test matrix), found the same ways.
 find_python() {
-    local p name root seen=$'\n' found="" tried=""
-    local -a candidates=()
+    local want=${1:-} p name root seen=$'\n' found="" tried=""
+    local -a candidates=() names=(python3.14 python3.13 python3.12 python3)
+    if [[ -n $want ]]; then names=("python$want" "${names[@]}"); fi
 
     if [[ -n ${JOBSTATE_PYTHON:-} ]]; then
         candidates+=("$JOBSTATE_PYTHON")
     fi
-    for name in python3.14 python3.13 python3.12 python3; do
+    for name in "${names[@]}"; do
         if p=$(command -v "$name" 2>/dev/null); then
             candidates+=("$p")
         fi
@@ -77,12 +84,14 @@ find_python() {
     for p in ${candidates[@]+"${candidates[@]}"}; do
         case $seen in *$'\n'"$p"$'\n'*) continue ;; esac
         seen+="$p"$'\n'
-        if _python_ok "$p"; then
+        if [[ -n $want ]]; then
+            if _python_is "$p" "$want"; then found=$p && break; fi
+        elif _python_ok "$p"; then
             found=$p
             break
         fi
         tried+="    $p ($(_python_version "$p"))"$'\n'
-        if [[ $p == "${JOBSTATE_PYTHON:-}" ]]; then
+        if [[ -z $want && $p == "${JOBSTATE_PYTHON:-}" ]]; then
             _log "warning: JOBSTATE_PYTHON=$p is not Python >= 3.12; looking elsewhere."
         fi
     done
@@ -94,6 +103,12 @@ find_python() {
     fi
 
     {
+        if [[ -n $want ]]; then
+            echo "No Python $want found: tried"
+            if [[ -n $tried ]]; then printf '%s' "$tried"; else echo "    (no python found at all)"; fi
+            echo "Install it (e.g. \`pyenv install $want\`, \`apt-get install python$want\`)."
+            return 1
+        fi
         echo "django-jobstate needs Python 3.12 or newer (Django 6 requires it)."
         echo "Found none: tried"
         if [[ -n $tried ]]; then printf '%s' "$tried"; else echo "    (no python found at all)"; fi
@@ -158,6 +173,41 @@ ensure_venv() {
     export PATH="$venv/bin:$PATH"
     unset PYTHONHOME
     hash -r
+}
+
+# ensure_matrix_venv X.Y A.B: make $JOBSTATE_ROOT/.venv-matrix/pyX.Y-djangoA.B, a
+# Python X.Y environment with the package (editable), the test dependency group and
+# Django A.B.x, and print its path. Like ensure_venv, it installs again only when
+# pyproject.toml changed (a stamp records it).
+ensure_matrix_venv() {
+    local pyver=$1 series=$2 venv stamp spec want py
+    venv="$JOBSTATE_ROOT/.venv-matrix/py$pyver-django$series"
+    stamp="$venv/.jobstate-stamp"
+    if [[ ! $pyver =~ ^3\.[0-9]+$ || ! $series =~ ^[0-9]+\.[0-9]+$ ]]; then
+        _err "ensure_matrix_venv: want a Python and a Django version as X.Y, got '$pyver' '$series'"
+        return 1
+    fi
+    spec="Django>=$series,<${series%.*}.$((${series#*.} + 1))"
+    want="pyproject $(_sha256 <"$JOBSTATE_ROOT/pyproject.toml") $spec" || return 1
+    if [[ -x $venv/bin/python ]] && _python_is "$venv/bin/python" "$pyver"; then
+        if [[ -f $stamp && $(<"$stamp") == "$want" ]]; then
+            echo "$venv"
+            return 0
+        fi
+    else
+        py=$(find_python "$pyver") || return 1
+        rm -rf "$venv" || return 1
+        _log "Creating $venv with $py ($(_python_version "$py"))"
+        "$py" -m venv "$venv" || return 1
+    fi
+    _log "Installing django-jobstate (editable), the test group and $spec into $venv"
+    rm -f "$stamp"
+    # --group (PEP 735) needs pip >= 25.1.
+    "$venv/bin/python" -m pip install -q -U pip >&2 || return 1
+    (cd "$JOBSTATE_ROOT" && "$venv/bin/python" -m pip install -q -e . --group test "$spec") >&2 ||
+        return 1
+    echo "$want" >"$stamp" || return 1
+    echo "$venv"
 }
 
 # ---------------------------------------------------------------- PostgreSQL
