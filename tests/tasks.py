@@ -3,6 +3,7 @@
 import asyncio
 import ctypes
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -241,3 +242,68 @@ async def async_fails_once(context: TaskContext, label: str) -> dict[str, object
 async def async_overruns(label: str) -> None:
     await Execution.objects.acreate(label=label)
     await asyncio.sleep(60)
+
+
+# The tasks of Django's own tests/tasks suite and of django-tasks-db's, written our way,
+# for tests/test_conformance.py.
+
+
+@task
+def noop(*args: object, **kwargs: object) -> None:
+    return None
+
+
+@task
+async def noop_async(*args: object, **kwargs: object) -> None:
+    return None
+
+
+@task
+def meaning_of_life() -> int:
+    return 42
+
+
+@task
+async def returns_normalizable() -> object:
+    """Return what JSON does not have but Django's backends normalize: a tuple, bytes."""
+    await asyncio.sleep(0)
+    return {"pair": (1, 2), "raw": b"text", "nested": [(3,)]}
+
+
+@task
+def returns_a_function() -> object:
+    return lambda: True
+
+
+@task
+def fails(kind: str) -> None:
+    """Raise what a task may raise: an error, SystemExit, KeyboardInterrupt, exit()."""
+    if kind == "value-error":
+        raise ValueError("This task failed due to ValueError")
+    if kind == "system-exit":
+        raise SystemExit("This task failed due to SystemExit")
+    if kind == "keyboard-interrupt":
+        raise KeyboardInterrupt("This task failed due to KeyboardInterrupt")
+    if kind == "exit":
+        sys.exit(1)
+    raise ValueError(ValueError("This task failed"))
+
+
+@task(takes_context=True)
+def returns_its_result_id(context: TaskContext) -> str:
+    return context.task_result.id
+
+
+@task(takes_context=True)
+async def returns_its_context_async(context: TaskContext) -> dict[str, object]:
+    return {"id": context.task_result.id, "attempt": context.attempt}
+
+
+@task
+def echo(value: object) -> object:
+    return value
+
+
+@task
+def returns_nan_in_a_list() -> list[float]:
+    return [float("nan")]
