@@ -101,18 +101,29 @@ def keep_a_worker_writing(runjobs: Runjobs, jobs: int = 3000) -> None:
 
 
 def run_racers(commands: list[list[str]]) -> list[object]:
-    """Run `python -m tests.racer ...` processes that start together; return their JSON."""
-    start_at = str(time.time() + 2.0)
+    """Run `python -m tests.racer ...` processes that start together; return their JSON.
+
+    Each says "ready" once connected; all are told to go at once only then, so a slow
+    start on a loaded machine cannot let one racer finish before the others begin.
+    """
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "tests.racer", *command, start_at],
+            [sys.executable, "-m", "tests.racer", *command],
             cwd=ROOT,
             env=subprocess_env(),
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
         )
         for command in commands
     ]
+    for proc in procs:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "ready\n", "a racer did not start"
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
     outputs = [proc.communicate(timeout=120)[0] for proc in procs]
     assert [proc.returncode for proc in procs] == [0] * len(procs)
     return [json.loads(out) for out in outputs]

@@ -1,16 +1,16 @@
 """A racing process for the race tests, started several times at once.
 
-    python -m tests.racer claim WORKER_ID LIMIT START_AT   # claim until nothing is left
-                                                           # (from a key, as workers do)
-    python -m tests.racer rescue START_AT                  # fail lost workers' attempts
+    python -m tests.racer claim WORKER_ID LIMIT   # claim until nothing is left
+                                                  # (from a key, as workers do)
+    python -m tests.racer rescue                  # fail lost workers' attempts
 
-It waits until the wall-clock time START_AT, so that all racers start together, then
+Once connected it prints "ready" and waits for a line on its standard input, so that all
+racers start together however long each took to start (conftest.run_racers); then it
 prints what it won as JSON: the claimed ids, or the number of attempts it failed.
 """
 
 import json
 import sys
-import time
 
 import django
 
@@ -22,7 +22,8 @@ def main() -> None:
     from django_jobstate.models import Job
 
     Job.objects.exists()  # connect before the start line
-    time.sleep(max(0.0, float(args[-1]) - time.time()))
+    print("ready", flush=True)
+    sys.stdin.readline()
     if action == "claim":
         worker_id, limit = args[0], int(args[1])
         won: list[int] = []
