@@ -36,7 +36,9 @@ class System:
         manage = [sys.executable, str(ROOT / "manage.py")]
         if self.key == "jobstate":
             burst_flag = ["--burst"] if burst else []
-            return [[*manage, "runjobs", "--concurrency", str(workers), *burst_flag]]
+            # -v 0: no line per finished job (runjobs' default since it logs on its own),
+            # as db_worker here and Celery's default log level write none either.
+            return [[*manage, "runjobs", "-v", "0", "--concurrency", str(workers), *burst_flag]]
         burst_flag = ["--batch"] if burst else []
         return [
             [

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
 from django.core.checks import CheckMessage, Error
-from django.core.exceptions import ValidationError
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.backends.immediate import ImmediateBackend as DjangoImmediateBackend
@@ -96,6 +96,12 @@ def validate_queue(backend: BaseTaskBackend, task: Task) -> None:
         )
 
 
+_NOT_INSTALLED = (
+    "TASKS[{alias!r}] uses JobStateBackend, but django_jobstate is not in INSTALLED_APPS, "
+    "so it has no table to store jobs in."
+)
+
+
 class JobStateBackend(BaseTaskBackend):
     task_class = JobStateTask
     supports_defer = True
@@ -120,6 +126,8 @@ class JobStateBackend(BaseTaskBackend):
         """
         self.validate_task(task)
         check_loadable(task)
+        if not apps.is_installed("django_jobstate"):
+            raise ImproperlyConfigured(_NOT_INSTALLED.format(alias=self.alias))
         from .models import Job
 
         defaults = get_settings()
@@ -155,8 +163,7 @@ class JobStateBackend(BaseTaskBackend):
             return []
         return [
             Error(
-                f"TASKS[{self.alias!r}] uses JobStateBackend, but django_jobstate is not in "
-                f"INSTALLED_APPS, so it has no table to store jobs in.",
+                _NOT_INSTALLED.format(alias=self.alias),
                 hint="Add 'django_jobstate' to INSTALLED_APPS and run migrate.",
                 id="django_jobstate.E003",
             )
@@ -175,14 +182,15 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
         task = load_task(newest.task_path)
     # The task as enqueued: a run_after other than the enqueue time was given to .using().
     run_after = None if first.run_after == first.enqueued_at else first.run_after
-    options: dict[str, Any] = {
-        "queue_name": newest.queue_name,
-        "priority": newest.priority,
-        "backend": newest.backend,
-        "run_after": run_after,
-    }
-    if any(getattr(task, name) != value for name, value in options.items()):
-        task = replace(task, **options)
+    stored = (newest.queue_name, newest.priority, newest.backend, run_after)
+    if (task.queue_name, task.priority, task.backend, task.run_after) != stored:
+        task = replace(
+            task,
+            queue_name=newest.queue_name,
+            priority=newest.priority,
+            backend=newest.backend,
+            run_after=run_after,
+        )
     started = [a for a in attempts if a.started_at is not None]
     result: TaskResult[Any, Any] = TaskResult(
         task=task,

@@ -272,7 +272,10 @@ class Worker:
         try:
             # The database is read here, before the body begins: an outage now is not the
             # task's error. Wait for the database; the attempt is still in hand.
-            task, result = self._retrying(functools.partial(self._prepare, job))
+            try:
+                task, result = self._prepare(job)
+            except (OperationalError, InterfaceError):
+                task, result = self._retrying(functools.partial(self._prepare, job))
         except Exception as exc:  # not a task, or a row that cannot run: nothing ran
             return Outcome(job, time.monotonic(), time.monotonic(), error=exc)
         if not self.ledger.start(index, job.timeout):  # the deadline starts with the body

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from functools import partial
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 from django.tasks import TaskResultStatus, default_task_backend, task
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
 from django.tasks.signals import task_enqueued
@@ -349,6 +350,14 @@ def test_check_requires_the_app(remove, expected):
 
     assert [e.id for e in errors] == [f"django_jobstate.{id}" for id in expected]
     assert all("TASKS['x']" in e.msg for e in errors)
+
+
+def test_enqueue_without_the_app_says_so():
+    with (
+        modify_settings(INSTALLED_APPS={"remove": ["django_jobstate"]}),
+        pytest.raises(ImproperlyConfigured, match="django_jobstate is not in INSTALLED_APPS"),
+    ):
+        record.enqueue("nowhere to go")
 
 
 @pytest.mark.django_db
