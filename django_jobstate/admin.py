@@ -1,6 +1,6 @@
 """The admin as an operations console: every job visible, no state written by hand.
 
-States move only through the conditional writes in managers.py. No form saves anything;
+States move only through the conditional writes in managers/. No form saves anything;
 the actions (admin_actions.py) call those writes.
 
 Permissions: `view_job` shows jobs. `change_job` allows the Retry and Run now actions (the

@@ -22,12 +22,18 @@ def race(limit: int) -> list[list[int]]:
 @pytest.mark.parametrize("limit", [1, 7])
 @pytest.mark.parametrize("round_", range(3))
 def test_concurrent_claimers_never_share_a_job(limit, round_):
-    jobs = JobFactory.create_batch(JOBS)
-    won = race(limit)
+    # On a loaded machine one claimer can drain every job before the others are scheduled:
+    # such a round proves nothing, so it is run again (a few times at most).
+    for _ in range(5):
+        jobs = JobFactory.create_batch(JOBS)
+        won = race(limit)
 
-    counts = Counter(pk for ids in won for pk in ids)
-    assert sorted(counts) == sorted(job.pk for job in jobs), "a job was lost or invented"
-    assert max(counts.values()) == 1, "a job was claimed twice"
+        counts = Counter(pk for ids in won for pk in ids)
+        assert sorted(counts) == sorted(job.pk for job in jobs), "a job was lost or invented"
+        assert max(counts.values()) == 1, "a job was claimed twice"
+        if sum(1 for ids in won if ids) > 1:
+            break
+        Job.objects.all().delete()
     assert sum(1 for ids in won if ids) > 1, "no race happened: only one claimer won jobs"
     # Each row names the one claimer that won it.
     owner = {pk: f"claimer-{n}" for n, ids in enumerate(won) for pk in ids}

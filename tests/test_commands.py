@@ -15,8 +15,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobstate.management.commands.prunejobs import age
-from django_jobstate.managers import JobQuerySet
 from django_jobstate.models import Job, WorkerHeartbeat
+from django_jobstate.querysets import JobQuerySet
 from django_jobstate.states import LIVE_STATES, TERMINAL_STATES, State
 from tests.conftest import ROOT, subprocess_env
 from tests.factories import JobFactory

@@ -252,7 +252,7 @@ def test_keys_read_back_as_json_makes_them():
     "positive exponent (1e+16 and up) reads back as an int (1e308 as 10**308, another "
     "value), in arguments and return values alike. Keeping it a float needs our own JSON "
     "number format for both writes (payload.py, and the return value's write in "
-    "managers.py): more than a small change.",
+    "managers/): more than a small change.",
 )
 @pytest.mark.parametrize("value", [1e16, 1.5e300, 1e308])
 def test_a_large_float_reads_back_as_the_same_float(value):

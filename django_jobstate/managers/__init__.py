@@ -1,0 +1,31 @@
+"""Conditional writes of Job rows: the only code that writes a state.
+
+Every write names the state it expects (and, for a running attempt, the worker that owns
+it). When the row has moved on, the write matches zero rows, changes nothing and raises
+LostRace. JobManager is assembled from one part per kind of write: enqueue.py, claim.py,
+outcomes.py (succeed, fail, retry, rescue, release, cancel) and prune.py; base.py holds
+the one state check and fence they share (Writes._transition).
+"""
+
+from .base import class_path, describe_error, storable_text, timeout_error
+from .claim import Claim, ClaimKey, claim_key
+from .enqueue import ENQUEUE_CHUNK, Enqueue, uuid7
+from .outcomes import Outcomes, backoff_delay
+from .prune import Prune
+
+__all__ = [
+    "ENQUEUE_CHUNK",
+    "ClaimKey",
+    "JobManager",
+    "backoff_delay",
+    "claim_key",
+    "class_path",
+    "describe_error",
+    "storable_text",
+    "timeout_error",
+    "uuid7",
+]
+
+
+class JobManager(Enqueue, Claim, Outcomes, Prune):
+    """Job.objects: the reads of JobQuerySet, and every write of a Job row."""

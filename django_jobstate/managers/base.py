@@ -1,0 +1,105 @@
+"""What every conditional write shares: the state check and fence, the database's "now",
+and the error fields of a failed attempt."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import models
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.utils import timezone
+
+from ..exceptions import JobTimeout, LostRace
+from ..querysets import JobQuerySet
+from ..states import State, check_transition
+
+if TYPE_CHECKING:
+    from ..models import Job
+
+logger = logging.getLogger("django_jobstate")
+
+
+def class_path(exc: BaseException) -> str:
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+def describe_error(exc: BaseException) -> dict[str, str]:
+    """The error fields of a failed attempt, for any exception.
+
+    Its str() may raise (the traceback module says so instead), and PostgreSQL stores no
+    NUL character and no lone surrogate in text: both are written as escapes.
+    """
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() of the error failed>"
+    return {
+        "error_class": storable_text(class_path(exc))[:255],
+        "error_message": storable_text(message),
+        "traceback": storable_text("".join(traceback.format_exception(exc))),
+    }
+
+
+def timeout_error(job: Job) -> JobTimeout:
+    return JobTimeout(f"the attempt ran past its timeout of {job.timeout:g} seconds")
+
+
+def storable_text(text: str) -> str:
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def now_sql(connection: BaseDatabaseWrapper, delay: float = 0.0) -> tuple[str, list[Any]]:
+    """SQL for "now" (plus `delay` seconds) in a write, and its parameters.
+
+    Every time the claim compares (run_after, and the enqueued_at beside it) is written
+    with this, never with the writing process's clock: on PostgreSQL it is the database
+    clock, so a worker whose clock is behind cannot skip a retry's backoff and a web
+    process whose clock is ahead cannot enqueue jobs that wait for the database to catch
+    up. SQLite: this process's clock, as SQLite's has only milliseconds and run_after has
+    microseconds (a job due now would wait); SQLite is one machine with one clock.
+    """
+    if connection.vendor == "postgresql":
+        if delay:
+            return "(STATEMENT_TIMESTAMP() + %s)", [timedelta(seconds=delay)]
+        return "STATEMENT_TIMESTAMP()", []
+    now = timezone.now() + timedelta(seconds=delay)
+    return "%s", [connection.ops.adapt_datetimefield_value(now)]
+
+
+def from_db(connection: BaseDatabaseWrapper, field: models.Field[Any, Any], value: Any) -> Any:
+    """A value of `field` read with a raw cursor, as the ORM would give it (SQLite: text)."""
+    column = field.get_col(field.model._meta.db_table)
+    for convert in connection.ops.get_db_converters(column) + field.get_db_converters(connection):
+        value = convert(value, column, connection)
+    return value
+
+
+# A module-level name, so that django-stubs types the manager's queryset methods.
+_JobManagerBase = models.Manager.from_queryset(JobQuerySet)
+
+
+class Writes(_JobManagerBase["Job"]):
+    """The base of JobManager's parts (enqueue.py, claim.py, outcomes.py, prune.py)."""
+
+    def _transition(self, job: Job, new: State, **values: Any) -> None:
+        """Move `job` to `new` if it is still where this process last saw it.
+
+        The write is conditional on the state (and, for running attempts, the worker);
+        on success `job` is refreshed from the row, on a lost race nothing changes.
+        """
+        check_transition(job.state, new)
+        fence: dict[str, Any] = {"pk": job.pk, "state": job.state}
+        if job.state == State.RUNNING:
+            fence["worker_id"] = job.worker_id
+        updated = self.using(job._state.db).filter(**fence).update(state=new, **values)
+        if updated != 1:
+            raise LostRace(
+                f"Job {job.pk} was no longer {job.state}"
+                + (f" for worker {job.worker_id}" if "worker_id" in fence else "")
+                + f" when moving it to {new}: another writer got there first. Nothing was changed."
+            )
+        job.refresh_from_db(fields=["state", *values])

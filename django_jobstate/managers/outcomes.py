@@ -1,0 +1,294 @@
+"""Outcomes: a running attempt to succeeded or failed (its next attempt with it), by its
+worker, its supervisor, a rescuer of lost workers; and cancelling a queued attempt."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from collections.abc import Collection, Iterable, Sequence
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from django.db import IntegrityError, connections, models, router, transaction
+from django.db.models import Exists
+from django.db.models.expressions import RawSQL
+from django.db.models.functions import Now
+
+from ..conf import get_settings
+from ..exceptions import LostRace, WorkerLost
+from ..states import FailureReason, State, check_transition
+from ..wakeup import NOTIFY
+from .base import Writes, describe_error, logger, now_sql, timeout_error
+
+if TYPE_CHECKING:
+    from ..models import Job
+
+
+def backoff_delay(backoff: float, attempt: int) -> float:
+    """Seconds to wait before attempt `attempt + 1`: exponential, jittered, capped."""
+    cap = get_settings().MAX_BACKOFF
+    return min(cap, backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+
+class Outcomes(Writes):
+    def succeed(self, job: Job, return_value: Any) -> None:
+        """Record that `job`'s task returned `return_value`."""
+        self._transition(job, State.SUCCEEDED, finished_at=Now(), return_value=return_value)
+
+    def succeed_many(self, worker_id: str, outcomes: Sequence[tuple[Job, Any]]) -> set[int]:
+        """Record several successes of `worker_id` in one statement; return the ids written.
+
+        Each row is still fenced by state and worker: an attempt that was failed meanwhile
+        (rescued as lost, timed out) is left alone and its id is missing from the result.
+        """
+        check_transition(State.RUNNING, State.SUCCEEDED)
+        if not outcomes:
+            return set()
+        connection = connections[router.db_for_write(self.model)]
+        qn = connection.ops.quote_name
+        table = qn(self.model._meta.db_table)
+        now, now_params = now_sql(connection)
+        row = "(%s::bigint, %s::jsonb)" if connection.vendor == "postgresql" else "(%s, %s)"
+        values = []
+        for job, value in outcomes:
+            values += [job.pk, json.dumps(value)]
+        sql = f"""
+            WITH outcome(id, return_value) AS (VALUES {", ".join([row] * len(outcomes))})
+            UPDATE {table}
+            SET {qn("state")} = %s, {qn("finished_at")} = {now},
+                {qn("return_value")} = outcome.return_value
+            FROM outcome
+            WHERE {table}.{qn("id")} = outcome.id
+                AND {qn("state")} = %s AND {qn("worker_id")} = %s
+            RETURNING {table}.{qn("id")}
+        """
+        params = [*values, State.SUCCEEDED, *now_params, State.RUNNING, worker_id]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return {row[0] for row in cursor.fetchall()}
+
+    def fail(
+        self,
+        job: Job,
+        reason: FailureReason,
+        *,
+        error_class: str = "",
+        error_message: str = "",
+        traceback: str = "",
+    ) -> Job | None:
+        """Fail `job` and, if its task allows another attempt, create it; return it.
+
+        An attempt RELEASED (claimed, never started) always gets a next attempt, due at
+        once, that does not use up one of the task's attempts.
+        """
+        with transaction.atomic(using=job._state.db):
+            self._transition(
+                job,
+                State.FAILED,
+                finished_at=Now(),
+                failure_reason=reason,
+                error_class=error_class,
+                error_message=error_message,
+                traceback=traceback,
+            )
+            if reason == FailureReason.RELEASED:
+                return self.retry(job, max_attempts=job.max_attempts + 1)
+            if job.attempt >= job.max_attempts:
+                return None
+            delay = backoff_delay(job.backoff, job.attempt)
+            return self.retry(job, delay=delay)
+
+    def retry(
+        self,
+        job: Job,
+        *,
+        run_after: datetime | None = None,
+        delay: float = 0.0,
+        max_attempts: int | None = None,
+    ) -> Job:
+        """Create the next attempt of a failed `job`; the failed row stays as it is.
+
+        It runs at `run_after`, or else `delay` seconds from now by the INSERT's clock.
+        """
+        if job.state != State.FAILED:
+            raise LostRace(f"Only a failed attempt can be retried; job {job.pk} is {job.state}.")
+        db = job._state.db or router.db_for_write(self.model)
+        connection = connections[db]
+        now = RawSQL(*now_sql(connection), output_field=models.DateTimeField())
+        due = RawSQL(*now_sql(connection, delay), output_field=models.DateTimeField())
+        try:
+            with transaction.atomic(using=db):
+                next_attempt = self.create(
+                    result_id=job.result_id,
+                    attempt=job.attempt + 1,
+                    previous=job,
+                    task_path=job.task_path,
+                    args=job.args,
+                    kwargs=job.kwargs,
+                    backend=job.backend,
+                    queue_name=job.queue_name,
+                    priority=job.priority,
+                    run_after=run_after or due,
+                    enqueued_at=now,
+                    max_attempts=job.max_attempts if max_attempts is None else max_attempts,
+                    backoff=job.backoff,
+                    timeout=job.timeout,
+                )
+                # prune() may be deleting `job`'s task, having read it before this INSERT:
+                # lock `job` (prune locks it too) so that it cannot go until this commits.
+                kept = self.using(db).filter(pk=job.pk).select_for_update(no_key=True)
+                if not kept.values_list("pk", flat=True):
+                    raise LostRace(
+                        f"Job {job.pk} was deleted (pruned) before its next attempt was "
+                        f"written: nothing was retried."
+                    )
+                due_now = next_attempt.run_after <= next_attempt.enqueued_at
+                if connection.vendor == "postgresql" and due_now:
+                    with connection.cursor() as cursor:  # due at once: wake a worker
+                        cursor.execute(f"SELECT {NOTIFY}")
+                return next_attempt
+        except IntegrityError:
+            raise LostRace(
+                f"Job {job.pk} already has a next attempt (or a live one): "
+                f"another writer retried it first."
+            ) from None
+
+    def rescue_lost(
+        self, lost_after: float, *, judges: Sequence[str] = (), judge_gap: float = 0
+    ) -> int:
+        """Fail as lost the running attempts of workers silent for `lost_after` seconds.
+
+        Times are the database's, so workers' clocks do not matter. An attempt younger than
+        `lost_after` is never rescued, whatever its worker did. With `judges`, nothing is
+        rescued unless one of those workers beat within the last `judge_gap` seconds: a
+        rescuer whose own beats stalled (its statement waited on a lock, it was paused)
+        cannot tell a dead worker from one that was held up as it was (liveness.py).
+        """
+        from ..models import WorkerHeartbeat
+
+        cutoff = Now() - timedelta(seconds=lost_after)
+        alive = WorkerHeartbeat.objects.filter(last_seen__gte=cutoff).values("worker_id")
+        silent = self.running().filter(started_at__lt=cutoff).exclude(worker_id__in=alive)
+        if judges:
+            fresh = Now() - timedelta(seconds=judge_gap)
+            silent = silent.filter(
+                Exists(WorkerHeartbeat.objects.filter(worker_id__in=judges, last_seen__gte=fresh))
+            )
+        error = WorkerLost(f"its worker sent no heartbeat for {lost_after:g} seconds")
+        return self._fail_each(silent, FailureReason.LOST, error, skip_locked=True)
+
+    def fail_running(
+        self, worker_id: str, reason: FailureReason, error: BaseException, *, pk: int | None = None
+    ) -> int:
+        """Fail the running attempts of a worker that is gone or stopped (or just one of them).
+
+        Used by the watchdog of an attempt past its timeout, and by tests. Returns how many
+        attempts it failed.
+        """
+        jobs = self.running().filter(worker_id=worker_id)
+        return self._fail_each(jobs if pk is None else jobs.filter(pk=pk), reason, error)
+
+    def release(self, worker_id: str, pks: Collection[int]) -> int:
+        """Hand back attempts that `worker_id` claimed but never started; return how many.
+
+        Each fails as released and its next attempt is queued at once, not counted against
+        the task's attempts (see fail()).
+        """
+        error = WorkerLost(f"worker {worker_id} handed it back before starting it")
+        jobs = self.running().filter(worker_id=worker_id, pk__in=pks)
+        return self._fail_each(jobs, FailureReason.RELEASED, error)
+
+    def settle_ended(
+        self,
+        worker_id: str,
+        *,
+        started: Collection[int],
+        reason: FailureReason,
+        error: BaseException,
+        timed_out: int | None = None,
+    ) -> int:
+        """Fail the attempts still running for a worker process that ended; return how many.
+
+        Its supervisor knows from the worker's ledger which attempts it `started`: those
+        fail as `reason` (the one killed at its deadline as a timeout), and the others,
+        never begun, are released.
+        """
+        failed = 0
+        for job in self.running().filter(worker_id=worker_id):
+            if job.pk == timed_out:
+                failed += self._fail_each([job], FailureReason.TIMEOUT, timeout_error(job))
+            elif job.pk in started:
+                failed += self._fail_each([job], reason, error)
+            else:
+                failed += self.release(worker_id, [job.pk])
+        return failed
+
+    def time_out(self, worker_id: str, pk: int) -> int:
+        """Fail `worker_id`'s attempt `pk` as past its timeout (1), unless it has moved on (0)."""
+        jobs = self.running().filter(worker_id=worker_id, pk=pk)
+        return sum(
+            self._fail_each([job], FailureReason.TIMEOUT, timeout_error(job)) for job in jobs
+        )
+
+    def _fail_each(
+        self,
+        jobs: Iterable[Job],
+        reason: FailureReason,
+        error: BaseException,
+        *,
+        skip_locked: bool = False,
+    ) -> int:
+        """Fail each of `jobs` that is still where it was; return how many.
+
+        With `skip_locked` (PostgreSQL), pass over a row that another transaction holds,
+        rather than wait for it: a worker cut off between its outcome's UPDATE and its
+        COMMIT holds the row until its connection is dropped, which for a host that never
+        comes back can take hours, and a rescuer must keep heartbeating meanwhile.
+        """
+        failed = 0
+        for job in jobs:
+            try:
+                locking = transaction.atomic(using=job._state.db)
+                with locking if skip_locked else contextlib.nullcontext():
+                    if skip_locked and not self._lock_or_skip(job):
+                        continue  # its writer holds it; see again at the next rescue
+                    self.fail(job, reason, **describe_error(error))
+            except LostRace:
+                continue  # its worker finished it, or another rescuer got there first
+            logger.warning("Job %s attempt %d failed as %s: %s", job.pk, job.attempt, reason, error)
+            failed += 1
+        return failed
+
+    def _lock_or_skip(self, job: Job) -> bool:
+        """Lock `job`'s row unless another transaction holds it (SQLite: no row locks, and
+        a read before the write would ask for a lock upgrade, so nothing to do)."""
+        db = job._state.db or router.db_for_write(self.model)
+        if not connections[db].features.has_select_for_update_skip_locked:
+            return True
+        row = self.using(db).filter(pk=job.pk).select_for_update(skip_locked=True)
+        return bool(list(row.values_list("pk", flat=True)))
+
+    def cancel(self, job: Job) -> None:
+        """Delete `job` if it is still queued: a cancelled job never runs."""
+        if not self.cancel_many([job.pk], using=job._state.db):
+            raise LostRace(f"Job {job.pk} is no longer queued; it was not cancelled.")
+
+    def cancel_many(self, pks: Iterable[int], *, using: str | None = None) -> int:
+        """Delete those of `pks` that are still queued; return how many were deleted.
+
+        One DELETE conditional on the state: QuerySet.delete() would read the rows first
+        and then delete them by pk alone, deleting a job claimed in between.
+        """
+        pks = list(pks)
+        if not pks:
+            return 0
+        connection = connections[using or router.db_for_write(self.model)]
+        qn = connection.ops.quote_name
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {qn(self.model._meta.db_table)} "
+                f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(pks))}) AND {qn('state')} = %s",
+                [*pks, State.QUEUED],
+            )
+            return cursor.rowcount

@@ -1,0 +1,81 @@
+"""Prune: delete whole finished tasks, never a live attempt, never half a task."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+
+from django.db import connections, router, transaction
+
+from ..states import TERMINAL_STATES
+from .base import Writes
+
+
+class Prune(Writes):
+    def prune(
+        self,
+        older_than: timedelta,
+        *,
+        states: Iterable[str] | None = None,
+        batch_size: int = 1000,
+        dry_run: bool = False,
+    ) -> int:
+        """Delete the prunable() attempts, whole tasks of about `batch_size` attempts per
+        batch; return how many. With `dry_run`, count them instead.
+
+        A retry may commit while a batch runs. So each batch is one short transaction that
+        deletes a task only if, by a snapshot taken after it locked the rows, all of the
+        task's attempts are among them (no new attempt, live or not) and terminal. On
+        PostgreSQL it locks them first (FOR UPDATE): a retry locks its predecessor too
+        (retry()), so either the retry committed first and the re-check sees it, or it
+        waits and then finds its predecessor gone. On SQLite the one DELETE does it all
+        under the write lock. Not QuerySet.delete(): its SET_NULL of `previous` would keep
+        such a retry, unlinked from the deleted attempt.
+        """
+        if batch_size < 1:
+            raise ValueError(f"prune() batch_size must be at least 1, not {batch_size}.")
+        db = router.db_for_write(self.model)
+        candidates = self.using(db).prunable(older_than, states).order_by("result_id", "attempt")
+        if dry_run:
+            return candidates.count()
+        deleted, last = 0, None
+        while True:
+            after = candidates if last is None else candidates.filter(result_id__gt=last)
+            rows = list(after.values_list("pk", "result_id")[: batch_size + 1])
+            if not rows:
+                return deleted
+            if len(rows) > batch_size:  # the task of the extra row may go on past it
+                split = rows[-1][1]
+                rows = [row for row in rows if row[1] != split] or list(
+                    after.filter(result_id=split).values_list("pk", "result_id")
+                )
+            last = rows[-1][1]
+            deleted += self._delete_tasks(db, [pk for pk, _ in rows])
+
+    def _delete_tasks(self, db: str, ids: list[int]) -> int:
+        """Delete the tasks all of whose attempts are among `ids`, and terminal."""
+        connection = connections[db]
+        qn = connection.ops.quote_name
+        table = qn(self.model._meta.db_table)
+        with transaction.atomic(using=db):
+            if connection.vendor == "postgresql":
+                locked = self.using(db).filter(pk__in=ids).select_for_update().order_by("pk")
+                ids = list(locked.values_list("pk", flat=True))  # any deleted meanwhile: gone
+                if not ids:
+                    return 0
+            marks = ", ".join(["%s"] * len(ids))
+            terminal = sorted(TERMINAL_STATES)
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    f"""DELETE FROM {table}
+                    WHERE {qn("id")} IN ({marks}) AND NOT EXISTS (
+                        SELECT 1 FROM {table} AS other
+                        WHERE other.{qn("result_id")} = {table}.{qn("result_id")} AND (
+                            other.{qn("id")} NOT IN ({marks})
+                            OR other.{qn("state")} NOT IN ({", ".join(["%s"] * len(terminal))})
+                        )
+                    )
+                    """,
+                    [*ids, *ids, *terminal],
+                )
+                return cursor.rowcount
