@@ -565,7 +565,7 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
         "context_attempt": Figure(
             "bodies whose TaskContext.attempt differs from Job.attempt",
             context_differs,
-            note="it does not count released attempts",
+            must_be_zero=True,  # DESIGN: TaskContext.attempt equals Job.attempt
         ),
         "outage_errors": Figure("attempts failed by a database outage (error)", outage_errors),
         "unexpected_timeouts": Figure(
