@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.apps import apps
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.db import OperationalError
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.backends.immediate import ImmediateBackend as DjangoImmediateBackend
@@ -22,9 +23,14 @@ from .conf import LIMIT_NAMES, YEAR, get_settings
 from .loading import check_loadable
 from .loading import load_task as load_task  # re-exported: worker.py imports it from here
 from .states import FailureReason, State
+from .uniqueness import UniqueScope, is_unique, unique_key, validate_unique
 
 if TYPE_CHECKING:
     from .models import Job
+
+# PostgreSQL's "could not serialize access": an ON CONFLICT under REPEATABLE READ that met
+# a row committed after the snapshot.
+SERIALIZATION_FAILURE = "40001"
 
 STATUS = {
     State.QUEUED: TaskResultStatus.READY,
@@ -48,6 +54,22 @@ class JobStateTask(Task):
     backoff: float | None = None  # seconds before the second attempt; doubles after
     timeout: float | None = None  # seconds an attempt may run before it is stopped
     atomic: bool = False
+    # At most one live job per key (uniqueness.py): True keys on every argument, a list of
+    # parameter names on those; unique_key (given per call with .using()) is the key itself.
+    unique: bool | Sequence[str] = False
+    unique_scope: str = UniqueScope.LIVE  # or "queued": one waiting, while one may run
+    on_duplicate: str = "return"  # or "raise": JobAlreadyEnqueued
+    unique_key: str | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.unique, list):  # hashable, as the rest of a Task
+            object.__setattr__(self, "unique", tuple(self.unique))
+        Task.__post_init__(self)
+
+    def using(self, *, unique_key: str | None = None, **changes: Any) -> JobStateTask:
+        """Django's using(), and `unique_key`: this call's key for uniqueness."""
+        task = cast(JobStateTask, Task.using(self, **changes))
+        return task if unique_key is None else replace(task, unique_key=unique_key)
 
 
 def _check_option(
@@ -85,6 +107,7 @@ def validate_options(task: Task) -> None:
         raise InvalidTask(
             f"atomic of task {task.module_path!r} must be True or False, not {atomic!r}."
         )
+    validate_unique(task)
 
 
 def validate_queue(backend: BaseTaskBackend, task: Task) -> None:
@@ -131,20 +154,45 @@ class JobStateBackend(BaseTaskBackend):
         from .models import Job
 
         defaults = get_settings()
-        jobs = Job.objects.enqueue_many(
-            task.module_path,
-            calls,
-            queue_name=task.queue_name,
-            priority=task.priority,
-            run_after=task.run_after,
-            backend=self.alias,
-            max_attempts=_option(task, "max_attempts", defaults.DEFAULT_MAX_ATTEMPTS),
-            backoff=_option(task, "backoff", defaults.DEFAULT_BACKOFF),
-            timeout=_option(task, "timeout", defaults.DEFAULT_TIMEOUT),
-        )
-        results = [to_task_result([job], task) for job in jobs]
-        for result in results:
+        calls = list(calls)
+        unique: dict[str, Any] = {}
+        if is_unique(task):
+            unique = {
+                "unique_keys": [unique_key(task, args, kwargs) for args, kwargs in calls],
+                "unique_scope": UniqueScope(getattr(task, "unique_scope", UniqueScope.LIVE)),
+                "raise_duplicates": getattr(task, "on_duplicate", "return") == "raise",
+            }
+        try:
+            jobs = Job.objects.enqueue_many(
+                task.module_path,
+                calls,
+                queue_name=task.queue_name,
+                priority=task.priority,
+                run_after=task.run_after,
+                backend=self.alias,
+                max_attempts=_option(task, "max_attempts", defaults.DEFAULT_MAX_ATTEMPTS),
+                backoff=_option(task, "backoff", defaults.DEFAULT_BACKOFF),
+                timeout=_option(task, "timeout", defaults.DEFAULT_TIMEOUT),
+                **unique,
+            )
+        except OperationalError as exc:
+            if unique and getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:
+                raise OperationalError(
+                    f"Enqueueing unique task {task.module_path!r} met a job with its key that "
+                    f"another transaction wrote after this transaction's snapshot was taken "
+                    f"(REPEATABLE READ or SERIALIZABLE isolation). Retry the whole "
+                    f"transaction, or enqueue unique tasks under READ COMMITTED, Django's "
+                    f"default. ({exc})"
+                ) from exc
+            raise
+        results = []
+        for job in jobs:
+            if job.deduplicated:  # the live task that holds the key: all its attempts
+                results.append(to_task_result(list(Job.objects.attempts_of(job.result_id))))
+                continue
+            result = to_task_result([job], task)
             task_enqueued.send(type(self), task_result=result)
+            results.append(result)
         return results
 
     def get_result(self, result_id: str) -> TaskResult:

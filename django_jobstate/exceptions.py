@@ -8,6 +8,7 @@ __all__ = [
     "InvalidPayload",
     "InvalidTask",
     "InvalidTransition",
+    "JobAlreadyEnqueued",
     "JobTimeout",
     "LostRace",
     "WorkerInterrupted",
@@ -17,6 +18,19 @@ __all__ = [
 
 class LostRace(Exception):
     """A conditional write matched no row: another writer moved the job first."""
+
+
+class JobAlreadyEnqueued(Exception):
+    """A unique task's key is held by another live (or queued) task: nothing was enqueued.
+
+    Raised by `enqueue()` of a task with `on_duplicate="raise"`, and by a retry of a failed
+    attempt whose key another task took meanwhile. `result_id` names the holder (None when
+    a retry's holder moved on before it could be named).
+    """
+
+    def __init__(self, message: str, *, result_id: str | None) -> None:
+        super().__init__(message)
+        self.result_id = result_id
 
 
 class InvalidPayload(TypeError, ValueError):

@@ -9,6 +9,7 @@ from django.utils.translation import gettext_lazy as _
 from .heartbeats import WorkerHeartbeatManager
 from .managers import JobManager
 from .states import LIVE_STATES, FailureReason, State
+from .uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 
 _STARTED = Q(started_at__isnull=False, worker_id__isnull=False)
 _NOT_FAILED = Q(failure_reason="")
@@ -84,6 +85,26 @@ class Job(models.Model):
     )
     error_message = models.TextField(_("error message"), blank=True, default="", db_default="")
     traceback = models.TextField(_("traceback"), blank=True, default="", db_default="")
+    # NULL for a job that is not unique, so that it has no entry in the unique indexes.
+    unique_key = models.CharField(  # noqa: DJ001
+        _("unique key"),
+        max_length=64,
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=_("SHA-256 of the task and the arguments it is unique by."),
+    )
+    unique_scope = models.CharField(  # noqa: DJ001
+        _("unique scope"),
+        max_length=8,
+        choices=UniqueScope.choices,
+        null=True,
+        blank=True,
+        editable=False,
+    )
+
+    # True on the live job that an enqueue of a unique key returned instead of a new one.
+    deduplicated = False
 
     objects = JobManager()
 
@@ -122,6 +143,16 @@ class Job(models.Model):
                 | _STARTED & Q(finished_at__isnull=False) & ~_NOT_FAILED,
                 name="jobstate_job_failed_fields",
             ),
+            models.CheckConstraint(
+                condition=Q(unique_key=None, unique_scope=None)
+                # NOT NULL too: IN with a NULL is unknown, which a CHECK lets through.
+                | Q(
+                    unique_key__isnull=False,
+                    unique_scope__isnull=False,
+                    unique_scope__in=UniqueScope.values,
+                ),
+                name="jobstate_job_unique_scope",
+            ),
             models.UniqueConstraint(
                 fields=["result_id", "attempt"], name="jobstate_job_one_row_per_attempt"
             ),
@@ -139,6 +170,16 @@ class Job(models.Model):
                 fields=["result_id"],
                 condition=Q(finished_at__isnull=True),
                 name="jobstate_job_one_live_attempt",
+            ),
+            # Unique jobs (uniqueness.py): at most one live, or one queued, attempt per key.
+            # Partial on unique_scope, which ordinary jobs leave NULL: they write no entry.
+            # "Live" is "not finished" for the reason given above; the claim never names
+            # unique_scope, so neither index can be picked for it.
+            *(
+                models.UniqueConstraint(
+                    fields=["unique_key"], condition=HOLDS_KEY[scope], name=KEY_INDEX[scope]
+                )
+                for scope in UniqueScope
             ),
         ]
         indexes = [

@@ -3,6 +3,8 @@
     python -m tests.racer claim WORKER_ID LIMIT   # claim until nothing is left
                                                   # (from a key, as workers do)
     python -m tests.racer rescue                  # fail lost workers' attempts
+    python -m tests.racer enqueue-unique TASK N KEYS  # N enqueues of a unique task over
+                                                  # KEYS labels, as fast as it can
 
 Once connected it prints "ready" and waits for a line on its standard input, so that all
 racers start together however long each took to start (conftest.run_racers); then it
@@ -36,8 +38,24 @@ def main() -> None:
         print(json.dumps(won))
     elif action == "rescue":
         print(json.dumps(Job.objects.rescue_lost(lost_after=60)))
+    elif action == "enqueue-unique":
+        print(json.dumps(enqueue_unique(args[0], int(args[1]), int(args[2]))))
     else:
         raise SystemExit(f"unknown action {action!r}")
+
+
+def enqueue_unique(name: str, n: int, keys: int) -> dict[str, object]:
+    """Enqueue `name`("key-<i % keys>") n times; say which result id each call got, and
+    which of those calls wrote a row (task_enqueued is sent for those only)."""
+    from django.tasks.signals import task_enqueued
+
+    from tests import tasks
+
+    task = getattr(tasks, name)
+    inserted: list[str] = []
+    task_enqueued.connect(lambda task_result, **_: inserted.append(task_result.id), weak=False)
+    got = [[f"key-{i % keys}", task.enqueue(f"key-{i % keys}").id] for i in range(n)]
+    return {"got": got, "inserted": inserted}
 
 
 if __name__ == "__main__":

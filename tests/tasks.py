@@ -307,3 +307,38 @@ def echo(value: object) -> object:
 @task
 def returns_nan_in_a_list() -> list[float]:
     return [float("nan")]
+
+
+@task(unique=["account_id"])
+def sync_account(account_id: int, reason: str = "") -> int:
+    """Unique by account: at most one live sync per account."""
+    Execution.objects.create(label=f"sync:{account_id}")
+    return account_id
+
+
+@task(unique=True)
+def unique_record(label: str, times: int = 1) -> str:
+    Execution.objects.create(label=label)
+    return label
+
+
+@task(unique=True, on_duplicate="raise")
+def unique_or_raise(label: str) -> None:
+    Execution.objects.create(label=label)
+
+
+@task(unique=True, max_attempts=5, backoff=0)
+def unique_always_fails(label: str) -> None:
+    Execution.objects.create(label=label)
+    raise ValueError(f"{label} failed")
+
+
+@task(unique=True, unique_scope="queued", max_attempts=5, backoff=0)
+def unique_queued_always_fails(label: str) -> None:
+    Execution.objects.create(label=label)
+    raise ValueError(f"{label} failed")
+
+
+@task(takes_context=True, unique=True)
+def unique_with_context(context: TaskContext, label: str) -> int:
+    return context.attempt

@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
-import contextlib
+import copy
 import os
 import time
 import uuid
 from collections.abc import Iterable, Sequence
+from contextlib import nullcontext
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.fields import NOT_PROVIDED
+from django.db.models.sql import Query
 
+from ..exceptions import JobAlreadyEnqueued, LostRace
 from ..payload import encode_payload
+from ..uniqueness import HOLDS_KEY, UniqueScope
 from ..wakeup import NOTIFY
 from .base import Writes, from_db, now_sql
 
@@ -37,9 +42,12 @@ def uuid7() -> uuid.UUID:
 
 # enqueue_many(): calls per INSERT, and the fields that differ between its rows.
 ENQUEUE_CHUNK = 5000
-_PER_CALL = ("result_id", "args", "kwargs")
+_PER_CALL = ("result_id", "args", "kwargs", "unique_key")
 # The times an INSERT takes from _now_sql() when not given, and reads back.
 _CLOCKED = ("run_after", "enqueued_at")
+
+# One call to insert: result_id, args, args as JSON, kwargs, kwargs as JSON, unique key.
+Row = tuple[uuid.UUID, Any, str, Any, str, str | None]
 
 
 class Enqueue(Writes):
@@ -51,6 +59,9 @@ class Enqueue(Writes):
         **options: Any,
     ) -> Job:
         """Create the first attempt of a task, queued. `options` as for enqueue_many()."""
+        unique_key = options.pop("unique_key", None)
+        if unique_key is not None:
+            options["unique_keys"] = [unique_key]
         return self.enqueue_many(task_path, [(args, kwargs or {})], **options)[0]
 
     def enqueue_many(
@@ -65,6 +76,9 @@ class Enqueue(Writes):
         max_attempts: int = 1,
         backoff: float = 0,
         timeout: float | None = None,
+        unique_keys: Sequence[str] | None = None,
+        unique_scope: UniqueScope = UniqueScope.LIVE,
+        raise_duplicates: bool = False,
     ) -> list[Job]:
         """Create the first attempts of several calls of one task: all of them, or none.
 
@@ -73,7 +87,15 @@ class Enqueue(Writes):
         (the ORM's INSERT would compile and adapt every field of every row, which the
         profile showed was most of an enqueue's time). On PostgreSQL, the INSERT also
         wakes listening workers (wakeup.py).
+
+        With `unique_keys` (one per call), a call whose key is held (uniqueness.py) writes
+        nothing: its place in the list is the holder, with `deduplicated` set, or with
+        `raise_duplicates`, JobAlreadyEnqueued is raised and nothing is written at all.
         """
+        calls = list(calls)
+        keys: Sequence[str | None] = [None] * len(calls) if unique_keys is None else unique_keys
+        if len(keys) != len(calls):
+            raise ValueError(f"{len(keys)} unique keys for {len(calls)} calls: give one per call.")
         # Without run_after (and enqueued_at), the INSERT takes them from its clock.
         template = self.model(
             task_path=task_path,
@@ -83,16 +105,18 @@ class Enqueue(Writes):
             max_attempts=max_attempts,
             backoff=backoff,
             timeout=timeout,
+            unique_scope=None if unique_keys is None else unique_scope,
         )
         if run_after is not None:
             template.run_after = run_after
-        rows = [
+        rows: list[Row] = [
             (
                 uuid7(),
                 *encode_payload(list(args), "Task arguments"),
                 *encode_payload(dict(kwargs), "Task keyword arguments"),
+                key,
             )
-            for args, kwargs in calls
+            for (args, kwargs), key in zip(calls, keys, strict=True)
         ]
         db = router.db_for_write(self.model)
         # The Job objects, as if read back: positional, not keyword, construction is faster.
@@ -100,50 +124,113 @@ class Enqueue(Writes):
         values = [getattr(template, name) for name in fields]
         at = [fields.index(name) for name in _PER_CALL]
         jobs = []
-        for result_id, args, _, kwargs, _ in rows:
-            values[at[0]], values[at[1]], values[at[2]] = result_id, args, kwargs
+        for result_id, args, _, kwargs, _, key in rows:
+            for i, value in zip(at, (result_id, args, kwargs, key), strict=True):
+                values[i] = value
             jobs.append(self.model.from_db(db, fields, values))
+        if unique_keys is not None:
+            return self._enqueue_unique(db, template, rows, jobs, raise_duplicates)
         # One statement is atomic on its own; a transaction would cost two round trips.
-        chunks = range(0, len(rows), ENQUEUE_CHUNK)
-        with transaction.atomic(using=db) if len(chunks) > 1 else contextlib.nullcontext():
-            for start in chunks:
-                chunk = rows[start : start + ENQUEUE_CHUNK]
-                ids, times = self._insert(db, template, chunk)
-                for job in jobs[start : start + ENQUEUE_CHUNK]:
-                    job.pk = ids[job.result_id.hex]
-                    job.run_after, job.enqueued_at = times
+        with transaction.atomic(using=db) if len(rows) > ENQUEUE_CHUNK else nullcontext():
+            self._insert_chunks(db, template, rows, jobs)
         return jobs
 
-    def _insert(
-        self, db: str, template: Job, rows: list[tuple[uuid.UUID, Any, str, Any, str]]
-    ) -> tuple[dict[str, int], tuple[datetime, datetime]]:
-        """INSERT `rows` (result_id, args, args JSON, kwargs, kwargs JSON) like `template`.
+    def _insert_chunks(
+        self, db: str, template: Job, rows: list[Row], jobs: list[Job]
+    ) -> dict[str, int]:
+        """INSERT `rows` in chunks; give each of `jobs` (one per row) that was written its id
+        and times. Returns {unique key: id} of the live rows that held the keys of the rows
+        that were not written."""
+        by_result_id = {job.result_id.hex: job for job in jobs}
+        holders = {}
+        for start in range(0, len(rows), ENQUEUE_CHUNK):
+            written, held, times = self._insert(db, template, rows[start : start + ENQUEUE_CHUNK])
+            for result_id, pk in written.items():
+                job = by_result_id[result_id]
+                job.pk = pk
+                job.run_after, job.enqueued_at = times
+            holders.update(held)
+        return holders
 
-        Returns {result_id hex: id}, and the run_after and enqueued_at stored (the same for
-        every row of one statement). One row is a plain INSERT ... VALUES, which PostgreSQL
-        plans faster; several are selected from one JSON array of [result_id, args, kwargs].
+    def _enqueue_unique(
+        self, db: str, template: Job, rows: list[Row], jobs: list[Job], raise_duplicates: bool
+    ) -> list[Job]:
+        """enqueue_many() of calls with unique keys: the first call of each key is written
+        unless a live row holds the key, which the INSERT returns instead (_on_conflict)."""
+        first: dict[str, tuple[Row, Job]] = {}
+        for row, job in zip(rows, jobs, strict=True):
+            first.setdefault(cast(str, job.unique_key), (row, job))
+        # Several keys in one transaction are written in key order, so that two such
+        # enqueues on PostgreSQL wait for each other's keys in one order, never in a cycle.
+        todo = [first[key] for key in sorted(first)]
+        with transaction.atomic(using=db) if len(rows) > 1 else nullcontext():
+            held = self._insert_chunks(db, template, [r for r, _ in todo], [j for _, j in todo])
+            holders = {}
+            for holder in self.using(db).filter(pk__in=held.values()) if held else ():
+                holder.deduplicated = True
+                holders[cast(str, holder.unique_key)] = holder
+            if len(holders) != len(held):  # finished and deleted within the enqueue
+                raise LostRace(
+                    f"Enqueueing {template.task_path}: the job that held a unique key was "
+                    f"deleted before it could be read. Nothing was enqueued; try again."
+                )
+            results = []
+            for job in jobs:
+                key = cast(str, job.unique_key)
+                winner = holders.get(key) or first[key][1]
+                if winner is not job and not winner.deduplicated:
+                    winner = copy.copy(winner)  # a repeat, within this call, of a new job
+                    winner.deduplicated = True
+                if winner.deduplicated and raise_duplicates:
+                    where = (
+                        f"as {winner.result_id} (job {winner.pk}, {winner.state})"
+                        if key in holders
+                        else "by another call of this bulk_enqueue()"
+                    )
+                    raise JobAlreadyEnqueued(
+                        f"Task {template.task_path} is already enqueued with this unique key "
+                        f"{where}: nothing was enqueued.",
+                        result_id=str(winner.result_id),
+                    )
+                results.append(winner)
+        return results
+
+    def _insert(
+        self, db: str, template: Job, rows: list[Row]
+    ) -> tuple[dict[str, int], dict[str, int], tuple[datetime, datetime]]:
+        """INSERT `rows` like `template`; a row whose unique key is held is not written.
+
+        Returns {result_id hex: id} of the rows written, {unique key: id} of the live rows
+        that held the others' keys, and the run_after and enqueued_at stored (the same for
+        every row written by one statement). One row is a plain INSERT ...
+        VALUES, which PostgreSQL plans faster; several are selected from one JSON array of
+        [result_id, args, kwargs, unique key].
         """
         connection = connections[db]
         qn = connection.ops.quote_name
         now, now_params = now_sql(connection)
+        unique = template.unique_scope is not None
+        names = _PER_CALL if unique else _PER_CALL[:3]
         per_call: dict[str, tuple[str, list[Any]]]
         if len(rows) == 1:
-            [(result_id, _, args, _, kwargs)] = rows
-            values = [result_id.hex, args, kwargs]
-            per_call = {
-                name: ("%s", [value]) for name, value in zip(_PER_CALL, values, strict=True)
-            }
+            [(result_id, _, args, _, kwargs, key)] = rows
+            values = [result_id.hex, args, kwargs, key]
+            per_call = {name: ("%s", [value]) for name, value in zip(names, values, strict=False)}
             source, source_params = "", []
         else:
-            calls = ",".join(f'["{r.hex}",{args},{kwargs}]' for r, _, args, _, kwargs in rows)
+            calls = ",".join(
+                f'["{r.hex}",{args},{kwargs},"{key}"]' if unique else f'["{r.hex}",{args},{kwargs}]'
+                for r, _, args, _, kwargs, key in rows
+            )
             source_params = [f"[{calls}]"]
             if connection.vendor == "postgresql":
-                exprs = ["(value ->> 0)::uuid", "value -> 1", "value -> 2"]
+                exprs = ["(value ->> 0)::uuid", "value -> 1", "value -> 2", "value ->> 3"]
                 source = "FROM jsonb_array_elements(%s::jsonb) AS call(value)"
             else:
-                exprs = [f"json_extract(value, '$[{i}]')" for i in range(3)]
-                source = "FROM json_each(%s) AS call"
-            per_call = {name: (expr, []) for name, expr in zip(_PER_CALL, exprs, strict=True)}
+                exprs = [f"json_extract(value, '$[{i}]')" for i in range(4)]
+                # SQLite reads "ON" after a SELECT's FROM as a join without the WHERE.
+                source = "FROM json_each(%s) AS call" + (" WHERE true" if unique else "")
+            per_call = {name: (expr, []) for name, expr in zip(names, exprs, strict=False)}
         columns, selected, params = [], [], []
         for field in self.model._meta.concrete_fields:
             value = getattr(template, field.attname)
@@ -165,7 +252,10 @@ class Enqueue(Writes):
             if source
             else f"VALUES ({', '.join(selected)})"
         )
-        returning = ", ".join(qn(name) for name in ("id", "result_id", *_CLOCKED))
+        if unique:
+            row += self._on_conflict(connection, UniqueScope(cast(str, template.unique_scope)))
+        returned_names = ("id", "result_id", *_CLOCKED, *(["unique_key"] if unique else []))
+        returning = ", ".join(qn(name) for name in returned_names)
         if connection.vendor == "postgresql":
             # Wake listening workers when this commits (wakeup.py). Per row, but PostgreSQL
             # sends one notification per transaction for identical ones.
@@ -177,9 +267,38 @@ class Enqueue(Writes):
         with connection.cursor() as cursor:
             cursor.execute(sql, [*params, *source_params])
             returned = cursor.fetchall()
+        # result_id reads back as a UUID on PostgreSQL, as its hex on SQLite.
+        written, held, times = {}, {}, (template.run_after, template.enqueued_at)
+        sent = {row[0].hex for row in rows}
+        for pk, result_id, run_after, enqueued_at, *rest in returned:
+            if (result_id := getattr(result_id, "hex", result_id)) in sent:
+                written[result_id] = pk
+                times = (run_after, enqueued_at)
+            else:
+                held[rest[0]] = pk
         meta = self.model._meta
-        times = returned[0][2:]
         run_after = from_db(connection, meta.get_field("run_after"), times[0])
         enqueued_at = from_db(connection, meta.get_field("enqueued_at"), times[1])
-        # result_id reads back as a UUID on PostgreSQL, as its hex on SQLite.
-        return {getattr(r, "hex", r): pk for pk, r, *_ in returned}, (run_after, enqueued_at)
+        return written, held, (run_after, enqueued_at)
+
+    def _on_conflict(self, connection: BaseDatabaseWrapper, scope: UniqueScope) -> str:
+        """ON CONFLICT on the unique index of `scope`: the holder of the key is returned.
+
+        Its "update" writes the key that the row already has: it only makes the INSERT
+        return the holder it met, in the same statement. A second statement to read the
+        holder could find it finished (and the key free) and have to insert again; a
+        holder that finishes within this one is waited for, and PostgreSQL then inserts
+        (READ COMMITTED). The condition is the index's, compiled from HOLDS_KEY with its
+        values written out: the database picks the index by matching the two when it
+        parses the statement, before parameters have values.
+        """
+        query = Query(self.model, alias_cols=False)
+        where, params = query.build_where(HOLDS_KEY[scope]).as_sql(
+            query.get_compiler(connection=connection), connection
+        )
+        literals = tuple("'{}'".format(str(p).replace("'", "''")) for p in params)
+        column = connection.ops.quote_name("unique_key")
+        return (
+            f" ON CONFLICT ({column}) WHERE {where % literals}"
+            f" DO UPDATE SET {column} = EXCLUDED.{column}"
+        )

@@ -8,7 +8,7 @@ import json
 import random
 from collections.abc import Collection, Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Exists
@@ -16,13 +16,22 @@ from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from ..conf import get_settings
-from ..exceptions import LostRace, WorkerLost
+from ..exceptions import JobAlreadyEnqueued, LostRace, WorkerLost
 from ..states import FailureReason, State, check_transition
+from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 from ..wakeup import NOTIFY
 from .base import Writes, describe_error, logger, now_sql, timeout_error
 
 if TYPE_CHECKING:
     from ..models import Job
+
+
+def _violates_unique_key(exc: IntegrityError) -> bool:
+    """Whether `exc` is a unique key's index refusing a row (not another constraint)."""
+    diag = getattr(exc.__cause__, "diag", None)  # PostgreSQL names the index
+    if diag is not None:
+        return diag.constraint_name in KEY_INDEX.values()
+    return "unique_key" in str(exc)  # SQLite names the column
 
 
 def backoff_delay(backoff: float, attempt: int) -> float:
@@ -93,11 +102,26 @@ class Outcomes(Writes):
                 traceback=traceback,
             )
             if reason == FailureReason.RELEASED:
-                return self.retry(job, max_attempts=job.max_attempts + 1)
-            if job.attempt >= job.max_attempts:
+                options: dict[str, Any] = {"max_attempts": job.max_attempts + 1}
+            elif job.attempt < job.max_attempts:
+                options = {"delay": backoff_delay(job.backoff, job.attempt)}
+            else:
                 return None
-            delay = backoff_delay(job.backoff, job.attempt)
-            return self.retry(job, delay=delay)
+            try:
+                return self.retry(job, **options)
+            except JobAlreadyEnqueued as exc:
+                # Only with unique_scope "queued": a newer call of the task with the same
+                # key is waiting, and will run in this one's place.
+                logger.warning(
+                    "Job %s (%s, attempt %s) failed and is not retried: a newer job with "
+                    "its unique key was queued (%s), which supersedes the retry.",
+                    job.pk,
+                    job.task_path,
+                    job.attempt,
+                    exc.result_id or "since claimed",
+                    extra={"event": "job.retry_superseded", "job_id": job.pk},
+                )
+                return None
 
     def retry(
         self,
@@ -109,7 +133,10 @@ class Outcomes(Writes):
     ) -> Job:
         """Create the next attempt of a failed `job`; the failed row stays as it is.
 
-        It runs at `run_after`, or else `delay` seconds from now by the INSERT's clock.
+        It runs at `run_after`, or else `delay` seconds from now by the INSERT's clock. It
+        keeps `job`'s unique key: if another task holds it (which only a task with
+        unique_scope "queued", or a retry by hand, can meet), JobAlreadyEnqueued is raised
+        and nothing is written.
         """
         if job.state != State.FAILED:
             raise LostRace(f"Only a failed attempt can be retried; job {job.pk} is {job.state}.")
@@ -134,6 +161,8 @@ class Outcomes(Writes):
                     max_attempts=job.max_attempts if max_attempts is None else max_attempts,
                     backoff=job.backoff,
                     timeout=job.timeout,
+                    unique_key=job.unique_key,
+                    unique_scope=job.unique_scope,
                 )
                 # prune() may be deleting `job`'s task, having read it before this INSERT:
                 # lock `job` (prune locks it too) so that it cannot go until this commits.
@@ -148,11 +177,33 @@ class Outcomes(Writes):
                     with connection.cursor() as cursor:  # due at once: wake a worker
                         cursor.execute(f"SELECT {NOTIFY}")
                 return next_attempt
-        except IntegrityError:
+        except IntegrityError as exc:
+            if job.unique_key is not None and _violates_unique_key(exc):
+                raise self._key_held(job) from None
             raise LostRace(
                 f"Job {job.pk} already has a next attempt (or a live one): "
                 f"another writer retried it first."
             ) from None
+
+    def _key_held(self, job: Job) -> Exception:
+        """The error for a retry of `job` that met a live row with its key: LostRace if
+        that is the task's own next attempt, else JobAlreadyEnqueued."""
+        scope = UniqueScope(cast(str, job.unique_scope))
+        held = self.using(job._state.db).filter(HOLDS_KEY[scope], unique_key=job.unique_key)
+        holder = held.first()
+        if holder is not None and holder.result_id == job.result_id:
+            return LostRace(f"Job {job.pk} already has a next attempt: {holder}.")
+        if holder is None:  # the holder moved on since (it was claimed, or it finished)
+            return JobAlreadyEnqueued(
+                f"Job {job.pk} was not retried: another job with its unique key was "
+                f"{'queued' if scope == UniqueScope.QUEUED else 'live'}.",
+                result_id=None,
+            )
+        return JobAlreadyEnqueued(
+            f"Job {job.pk} was not retried: job {holder.pk} ({holder.result_id}) with the "
+            f"same unique key is {holder.state}.",
+            result_id=str(holder.result_id),
+        )
 
     def rescue_lost(
         self, lost_after: float, *, judges: Sequence[str] = (), judge_gap: float = 0
