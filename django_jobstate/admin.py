@@ -20,6 +20,7 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.utils.formats import date_format
 from django.utils.html import format_html
+from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
 from .admin_actions import JobActions
@@ -49,7 +50,7 @@ FIELDSETS = [
         {
             "fields": [
                 *["task_path", "state_badge", "failure_reason", "attempt_of", "origin"],
-                "result_id",
+                *["result_id", "unique"],
             ]
         },
     ),
@@ -234,6 +235,19 @@ class JobAdmin(JobActions, admin.ModelAdmin):
             attempts = list(Job.objects.attempts_of(obj.result_id))
             context.update(page_context(self, request, obj, attempts))
         return super().render_change_form(request, context, add, change, form_url, obj)
+
+    @admin.display(description=_("unique key"))
+    def unique(self, job: Job) -> str:
+        if job.unique_key is None:
+            return self.get_empty_value_display()
+        url = f"{self.changelist_url()}?{urlencode({'unique_key': job.unique_key})}"
+        return format_html(
+            '<code>{}…</code> ({}) <a href="{}">{}</a>',
+            job.unique_key[:12],
+            job.get_unique_scope_display(),
+            url,
+            _("every attempt and job with this key"),
+        )
 
     @admin.display(description=_("arguments"))
     def args_json(self, job: Job) -> str:

@@ -5,6 +5,7 @@ Each reports what it moved, naming the new attempts, and how many jobs it skippe
 the job had moved on first (a worker claimed it, another operator got there, ...).
 """
 
+import uuid
 from typing import TYPE_CHECKING
 
 from django.contrib import admin, messages
@@ -23,7 +24,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from .exceptions import LostRace
+from .exceptions import JobAlreadyEnqueued, LostRace
 from .models import Job
 from .querysets import JobQuerySet
 from .states import LIVE_STATES, State
@@ -127,12 +128,14 @@ class JobActions(_Base):
     )
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
         selected = self.selected_count(request, queryset)
-        retried = []
+        retried, held = [], []
         for job in queryset:
             try:
                 retried.append(self.retry_by_hand(request, job))
             except LostRace:
                 continue
+            except JobAlreadyEnqueued as exc:
+                held.append(format_html("{}: {}", self.job_link(job), self.key_holder(exc)))
         verb = ngettext(
             "Queued a new attempt for %(done)d of %(selected)d selected job",
             "Queued a new attempt for %(done)d of %(selected)d selected jobs",
@@ -147,7 +150,20 @@ class JobActions(_Base):
         self.report(
             request, verb, selected, len(retried), _("not failed, or already retried"), named
         )
+        if held:
+            message = _("Not retried, as another job holds the unique key: {jobs}.")
+            jobs = format_html_join("; ", "{}", ((text,) for text in held[:MAX_NAMED]))
+            self.message_user(request, format_html(message, jobs=jobs), messages.WARNING)
         return self.show_retried(request, retried)
+
+    def key_holder(self, exc: JobAlreadyEnqueued) -> SafeString:
+        """Which job holds the unique key that a retry met, linked."""
+        holders = Job.objects.live().filter(result_id=exc.result_id or uuid.UUID(int=0))
+        holder = holders.first()
+        if holder is None:  # it moved on, or was never named
+            return format_html("{}", _("another job with the same unique key was queued"))
+        message = _("{link} with the same unique key {state}")
+        return format_html(message, link=self.job_link(holder), state=state_phrase(holder))
 
     def retry_by_hand(self, request: HttpRequest, job: Job) -> Job:
         """Queue the next attempt of `job` (LostRace if it is not the task's newest failure).
@@ -197,6 +213,8 @@ class JobActions(_Base):
             except LostRace as exc:  # another operator, or a prune, got there first
                 attempts = list(Job.objects.attempts_of(job.result_id))
                 refusal = self.why_not_retried(job, attempts) or str(exc)
+            except JobAlreadyEnqueued as exc:
+                refusal = self.key_holder(exc)
             else:
                 message = _("Retried as {attempt} ({link}): queued to run now.")
                 done = format_html(message, attempt=attempt_text(new), link=self.job_link(new))

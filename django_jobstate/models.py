@@ -206,6 +206,13 @@ class Job(models.Model):
             models.Index(
                 fields=["-id"], condition=Q(state=State.FAILED), name="jobstate_job_failed"
             ),
+            # The admin's link from a job to every job with its unique key. Only unique jobs
+            # have an entry.
+            models.Index(
+                fields=["unique_key"],
+                condition=Q(unique_key__isnull=False),
+                name="jobstate_job_by_unique_key",
+            ),
             # The admin's date navigation (MIN/MAX) and its date ranges.
             models.Index(fields=["enqueued_at"], name="jobstate_job_by_enqueued"),
         ]

@@ -257,6 +257,48 @@ def test_retry_of_an_older_attempt_is_skipped(client):
     assert Job.objects.filter(result_id=first.result_id).count() == 2
 
 
+def failed_unique_job_and_its_newer_duplicate() -> tuple[Job, Job]:
+    tasks.unique_record.enqueue("a")
+    [job] = Job.objects.claim("w")
+    Job.objects.fail(job, Job.FailureReason.ERROR)
+    tasks.unique_record.enqueue("a")
+    return job, Job.objects.get(state=State.QUEUED)
+
+
+def test_retry_skips_a_job_whose_unique_key_another_job_holds(client):
+    login(client, "view", "change")
+    failed, newer = failed_unique_job_and_its_newer_duplicate()
+    response = run_action(client, "retry_jobs", failed)
+    assert messages_of(response) == [
+        "Queued a new attempt for 0 of 1 selected job; skipped 1 (not failed, or already retried).",
+        f'Not retried, as another job holds the unique key: <a href="{change_url(failed)}">'
+        f'job #{failed.pk}</a>: <a href="{change_url(newer)}">job #{newer.pk}</a> with the '
+        f"same unique key is queued.",
+    ]
+    assert Job.objects.count() == 2
+
+
+def test_retry_button_says_which_job_holds_the_unique_key(client):
+    login(client, "view", "change")
+    failed, newer = failed_unique_job_and_its_newer_duplicate()
+    response = client.post(retry_url(failed))
+    assert messages_of(response) == [
+        f'Job #{failed.pk} was not retried: <a href="{change_url(newer)}">job #{newer.pk}</a> '
+        f"with the same unique key is queued."
+    ]
+    assert Job.objects.count() == 2
+
+
+def test_job_page_shows_the_unique_key_and_links_to_every_job_with_it(client):
+    login(client, "view")
+    failed, newer = failed_unique_job_and_its_newer_duplicate()
+    tasks.record.enqueue("not unique")
+    page = client.get(change_url(newer)).content.decode()
+    assert f"<code>{newer.unique_key[:12]}…</code> (Live: at most one queued or running)" in page
+    listed = client.get(LIST_URL, {"unique_key": newer.unique_key}).context["cl"].result_list
+    assert sorted(job.pk for job in listed) == [failed.pk, newer.pk]
+
+
 def test_run_now_moves_only_queued_jobs_and_keeps_due_ones_in_place(client):
     login(client, "view", "change")
     later = JobFactory.in_state(State.QUEUED, run_after=timezone.now() + timedelta(hours=1))

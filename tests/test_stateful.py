@@ -1,11 +1,11 @@
 """Random sequences of every state write, against the real database, checked after each step.
 
 A hypothesis state machine keeps its own model of the Job table (each attempt's state and
-worker) and drives enqueue, claim, succeed, fail, rescue (fail_running and rescue_lost),
-retry, cancel and prune, plus stale writes that must lose. After every step it checks the
-invariants: every state is one of four; at most one live attempt per logical task; the
-attempts of a task are 1..n but for the pruned and cancelled ones; a terminal row never
-changes; and the table is what the model expects.
+worker) and drives enqueue (of unique keys too), claim, succeed, fail, rescue (fail_running
+and rescue_lost), retry, cancel and prune, plus stale writes that must lose. After every
+step it checks the invariants: every state is one of four; at most one live attempt per
+logical task and per unique key; the attempts of a task are 1..n but for the pruned and
+cancelled ones; a terminal row never changes; and the table is what the model expects.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from django_jobstate.exceptions import LostRace, WorkerLost
+from django_jobstate.exceptions import JobAlreadyEnqueued, LostRace, WorkerLost
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import (
     LIVE_STATES,
@@ -65,6 +65,7 @@ class Attempt:
     state: State = State.QUEUED
     worker_id: str | None = None
     old: bool = False  # started "two hours ago" (see time_passes)
+    key: str | None = None  # its unique key
 
 
 def prune_terminal(older_than: timedelta, states: list[str] | None) -> None:
@@ -104,6 +105,18 @@ class JobMachine(RuleBasedStateMachine):
     def add(self, job: Job) -> None:
         self.rows[job.pk] = Attempt(
             job.pk, job.result_id, job.attempt, job.max_attempts, job.priority, job.run_after
+        )
+        self.rows[job.pk].key = job.unique_key
+
+    def key_holder(self, key: str | None, other_than: Any = None) -> Attempt | None:
+        """The live row that holds unique key `key` (of a task other than `other_than`)."""
+        return next(
+            (
+                a
+                for a in self.rows.values()
+                if key and a.key == key and a.state in LIVE_STATES and a.result_id != other_than
+            ),
+            None,
         )
 
     def live_attempt(self, result_id: Any) -> bool:
@@ -149,6 +162,23 @@ class JobMachine(RuleBasedStateMachine):
             run_after=run_after,
         )
         self.add(job)
+
+    @rule(key=st.sampled_from(["k1", "k2"]), max_attempts=st.integers(1, 3), due=st.booleans())
+    def enqueue_unique(self, key: str, max_attempts: int, due: bool) -> None:
+        holder = self.key_holder(key)
+        job = Job.objects.enqueue(
+            "tests.tasks.record",
+            ["x"],
+            max_attempts=max_attempts,
+            run_after=timezone.now() + timedelta(hours=-1 if due else 1),
+            unique_key=key,
+        )
+        if holder is None:
+            assert not job.deduplicated
+            self.add(job)
+        else:
+            assert (job.deduplicated, job.pk) == (True, holder.pk)
+            SEEN["deduplicated"] += 1
 
     @rule(worker=st.sampled_from(WORKERS), limit=st.integers(1, 3), data=st.data())
     def claim(self, worker: str, limit: int, data: st.DataObject) -> None:
@@ -235,6 +265,13 @@ class JobMachine(RuleBasedStateMachine):
         if self.live_attempt(row.result_id) or self.exists(row.result_id, row.attempt + 1):
             self.must_lose(lambda: Job.objects.retry(job))
             return
+        if self.key_holder(row.key, other_than=row.result_id):
+            before = table()
+            with pytest.raises(JobAlreadyEnqueued):
+                Job.objects.retry(job)
+            assert table() == before
+            SEEN["retry met a held key"] += 1
+            return
         self.add(Job.objects.retry(job))
 
     @precondition(lambda self: self.rows)
@@ -314,6 +351,12 @@ class JobMachine(RuleBasedStateMachine):
         assert not live.filter(n__gt=1).exists()
 
     @invariant()
+    def at_most_one_live_row_per_unique_key(self) -> None:
+        live = Job.objects.live().exclude(unique_key=None)
+        counts = live.order_by().values("unique_key").annotate(n=Count("id"))
+        assert not counts.filter(n__gt=1).exists()
+
+    @invariant()
     def attempts_are_numbered_without_gaps(self) -> None:
         numbers: dict[Any, set[int]] = defaultdict(set)
         for result_id, attempt in Job.objects.values_list("result_id", "attempt"):
@@ -355,3 +398,4 @@ def test_random_sequences_of_state_writes_keep_every_invariant():
     assert all(SEEN[f"state {state}"] for state in State.values), SEEN
     assert SEEN["retried"], SEEN
     assert SEEN["gone"], SEEN
+    assert SEEN["deduplicated"], SEEN
