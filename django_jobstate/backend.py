@@ -187,8 +187,12 @@ class JobStateBackend(BaseTaskBackend):
             raise
         results = []
         for job in jobs:
-            if job.deduplicated:  # the live task that holds the key: all its attempts
-                results.append(to_task_result(list(Job.objects.attempts_of(job.result_id))))
+            if job.deduplicated:  # the live task that holds the key, with all its attempts
+                attempts = (
+                    [job] if job.attempt == 1 else list(Job.objects.attempts_of(job.result_id))
+                )
+                same = job.task_path == task.module_path  # an explicit key may be another's
+                results.append(to_task_result(attempts, task if same else None))
                 continue
             result = to_task_result([job], task)
             task_enqueued.send(type(self), task_result=result)

@@ -46,6 +46,9 @@ _PER_CALL = ("result_id", "args", "kwargs", "unique_key")
 # The times an INSERT takes from _now_sql() when not given, and reads back.
 _CLOCKED = ("run_after", "enqueued_at")
 
+# _on_conflict()'s clause, per database vendor and scope.
+_ON_CONFLICT: dict[tuple[str, UniqueScope], str] = {}
+
 # One call to insert: result_id, args, args as JSON, kwargs, kwargs as JSON, unique key.
 Row = tuple[uuid.UUID, Any, str, Any, str, str | None]
 
@@ -292,13 +295,18 @@ class Enqueue(Writes):
         values written out: the database picks the index by matching the two when it
         parses the statement, before parameters have values.
         """
+        cached = _ON_CONFLICT.get((connection.vendor, scope))
+        if cached is not None:
+            return cached
         query = Query(self.model, alias_cols=False)
         where, params = query.build_where(HOLDS_KEY[scope]).as_sql(
             query.get_compiler(connection=connection), connection
         )
         literals = tuple("'{}'".format(str(p).replace("'", "''")) for p in params)
         column = connection.ops.quote_name("unique_key")
-        return (
+        sql = (
             f" ON CONFLICT ({column}) WHERE {where % literals}"
             f" DO UPDATE SET {column} = EXCLUDED.{column}"
         )
+        _ON_CONFLICT[connection.vendor, scope] = sql
+        return sql
