@@ -408,9 +408,18 @@ def test_get_result_reads_back_every_field_enqueue_returned(run_after):
 @pytest.mark.django_db
 def test_the_immediate_backend_for_test_settings_takes_every_task_option(settings):
     settings.TASKS = {"default": {"BACKEND": "django_jobstate.backend.ImmediateBackend"}}
-    optioned = task(max_attempts=3, backoff=2, timeout=5, atomic=True)(record.func)
+    optioned = task(
+        max_attempts=3,
+        backoff=2,
+        timeout=5,
+        atomic=True,
+        unique=["label"],
+        unique_scope="queued",
+        on_duplicate="raise",
+    )(record.func)
 
     result = optioned.enqueue("at once")
+    assert optioned.using(unique_key="k").enqueue("at once").return_value == "at once"
 
     assert result.status == TaskResultStatus.SUCCESSFUL
     assert result.return_value == "at once"

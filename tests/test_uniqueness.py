@@ -12,7 +12,7 @@ from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_enqueued
 
 from django_jobstate.backend import JobStateBackend
-from django_jobstate.exceptions import JobAlreadyEnqueued, LostRace
+from django_jobstate.exceptions import InvalidPayload, JobAlreadyEnqueued, LostRace
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
 from django_jobstate.uniqueness import unique_key
@@ -72,6 +72,14 @@ def test_a_task_is_part_of_the_key_and_an_explicit_key_is_apart():
 
 def test_the_context_is_not_part_of_the_key():
     assert len(unique_key(unique_with_context, ["a"], {})) == 64
+
+
+def test_arguments_that_are_not_json_say_so_as_for_any_task():
+    with pytest.raises(InvalidPayload, match="Task arguments must be JSON"):
+        unique_record.enqueue(object())
+    # What JSON takes as it reads back: bytes as text, tuples as lists.
+    assert unique_key(unique_record, [b"a"], {}) == unique_key(unique_record, ["a"], {})
+    assert unique_key(sync_account, [(1, 2)], {}) == unique_key(sync_account, [[1, 2]], {})
 
 
 def test_arguments_that_do_not_bind_say_so():
