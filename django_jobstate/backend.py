@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from numbers import Real
 from typing import TYPE_CHECKING, Any, cast
 
@@ -14,11 +14,12 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.backends.immediate import ImmediateBackend as DjangoImmediateBackend
-from django.tasks.base import TaskError
+from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 
-from .conf import LIMIT_NAMES, YEAR, get_settings
+from .conf import LIMIT_NAMES, YEAR, Settings, get_settings
+from .exceptions import InvalidPayload
 from .loading import check_loadable
 from .loading import load_task as load_task  # re-exported: worker.py imports it from here
 from .states import FailureReason, State
@@ -48,6 +49,14 @@ class JobStateTask(Task):
     backoff: float | None = None  # seconds before the second attempt; doubles after
     timeout: float | None = None  # seconds an attempt may run before it is stopped
     atomic: bool = False
+    # The job's metadata at enqueue, per call: task.using(metadata={...}). Not hashed: a dict.
+    metadata: dict[str, Any] | None = field(default=None, hash=False)
+
+    def using(self, *, metadata: dict[str, Any] | None = None, **options: Any) -> JobStateTask:
+        """Django's using(), plus `metadata`: the dict stored with each job enqueued."""
+        # Task.using, not super(): zero-argument super() fails in a slots dataclass.
+        task = cast(JobStateTask, Task.using(self, **options))
+        return task if metadata is None else replace(task, metadata=metadata)
 
 
 def _check_option(
@@ -81,6 +90,13 @@ def validate_options(task: Task) -> None:
         )
     _check_option(task, "backoff", minimum=0, maximum=YEAR)
     _check_option(task, "timeout", minimum=0.001, maximum=YEAR)
+    if (metadata := getattr(task, "metadata", None)) is not None:
+        from .managers.progress import check_metadata
+
+        try:
+            check_metadata(metadata)
+        except InvalidPayload as exc:
+            raise InvalidTask(f"metadata of task {task.module_path!r}: {exc}") from None
     if not isinstance(atomic := getattr(task, "atomic", False), bool):
         raise InvalidTask(
             f"atomic of task {task.module_path!r} must be True or False, not {atomic!r}."
@@ -128,10 +144,33 @@ class JobStateBackend(BaseTaskBackend):
         check_loadable(task)
         if not apps.is_installed("django_jobstate"):
             raise ImproperlyConfigured(_NOT_INSTALLED.format(alias=self.alias))
-        from .models import Job
 
         defaults = get_settings()
-        jobs = Job.objects.enqueue_many(
+        if defaults.TRACING:
+            from .tracing import producer_span
+
+            calls = list(calls)
+            with producer_span(task, len(calls)) as (span, trace_context):
+                jobs = self._enqueue(task, calls, defaults, trace_context)
+                if len(jobs) == 1:
+                    span.set_attribute("messaging.message.id", str(jobs[0].result_id))
+        else:
+            jobs = self._enqueue(task, calls, defaults, None)
+        results = [to_task_result([job], task) for job in jobs]
+        for result in results:
+            task_enqueued.send(type(self), task_result=result)
+        return results
+
+    def _enqueue(
+        self,
+        task: Task,
+        calls: Iterable[tuple[Sequence[Any], dict[str, Any]]],
+        defaults: Settings,
+        trace_context: dict[str, Any] | None,
+    ) -> list[Job]:
+        from .models import Job
+
+        return Job.objects.enqueue_many(
             task.module_path,
             calls,
             queue_name=task.queue_name,
@@ -141,11 +180,9 @@ class JobStateBackend(BaseTaskBackend):
             max_attempts=_option(task, "max_attempts", defaults.DEFAULT_MAX_ATTEMPTS),
             backoff=_option(task, "backoff", defaults.DEFAULT_BACKOFF),
             timeout=_option(task, "timeout", defaults.DEFAULT_TIMEOUT),
+            metadata=getattr(task, "metadata", None),
+            trace_context=trace_context,
         )
-        results = [to_task_result([job], task) for job in jobs]
-        for result in results:
-            task_enqueued.send(type(self), task_result=result)
-        return results
 
     def get_result(self, result_id: str) -> TaskResult:
         from .models import Job
@@ -170,6 +207,23 @@ class JobStateBackend(BaseTaskBackend):
         ]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStateTaskResult(TaskResult):  # type: ignore[misc]  # frozen at runtime, not in the stubs
+    """Django's TaskResult, plus the newest attempt's `metadata` (refresh() reads it too)."""
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def refresh(self) -> None:
+        self._update(self.task.get_backend().get_result(self.id))
+
+    async def arefresh(self) -> None:
+        self._update(await self.task.get_backend().aget_result(self.id))
+
+    def _update(self, refreshed: TaskResult) -> None:
+        for attr in (*TASK_REFRESH_ATTRS, "metadata"):
+            object.__setattr__(self, attr, getattr(refreshed, attr))
+
+
 def _option(task: Task, name: str, default: Any) -> Any:
     value = getattr(task, name, None)
     return default if value is None else value
@@ -192,7 +246,7 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
             run_after=run_after,
         )
     started = [a for a in attempts if a.started_at is not None]
-    result: TaskResult[Any, Any] = TaskResult(
+    result: TaskResult[Any, Any] = JobStateTaskResult(
         task=task,
         id=str(newest.result_id),
         status=STATUS[State(newest.state)],
@@ -211,6 +265,7 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
         ],
         # The check constraints give every started attempt a worker_id.
         worker_ids=[cast(str, a.worker_id) for a in started],
+        metadata=dict(newest.metadata),
     )
     if newest.state == State.SUCCEEDED:
         object.__setattr__(result, "_return_value", newest.return_value)

@@ -84,6 +84,13 @@ class Job(models.Model):
     )
     error_message = models.TextField(_("error message"), blank=True, default="", db_default="")
     traceback = models.TextField(_("traceback"), blank=True, default="", db_default="")
+    # What the task says of itself ("42 of 100 rows"): set at enqueue, saved by the task
+    # while it runs (JobStateContext.save_metadata), copied to the next attempt.
+    metadata = models.JSONField(
+        _("metadata"), default=dict, db_default={}, blank=True, editable=False
+    )
+    # The W3C trace context of the enqueue, with JOBSTATE_TRACING (tracing.py); NULL without.
+    trace_context = models.JSONField(_("trace context"), null=True, blank=True, editable=False)
 
     objects = JobManager()
 

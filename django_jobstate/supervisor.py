@@ -33,6 +33,7 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from . import metrics
 from .exceptions import WorkerInterrupted, WorkerLost
 from .ledger import STARTED, Ledger
 from .states import FailureReason
@@ -91,12 +92,14 @@ class Supervisor:
         concurrency: int = 1,
         worker_id: str | None = None,
         verbosity: int = 1,
+        metrics_port: int | None = None,
         **options: Any,
     ):
         from .worker import MAX_BATCH
 
         self.concurrency = concurrency
         self.verbosity = verbosity
+        self.metrics_port = metrics_port
         self.base_id = supervisor_id(worker_id)
         self.options = options  # Worker(...) arguments: queues, poll_interval, burst, max_jobs
         self.batch_size = options.pop("max_batch", MAX_BATCH)
@@ -113,8 +116,22 @@ class Supervisor:
     def run(self) -> None:
         queues = ", ".join(sorted(self.options.get("queues") or [])) or "all queues"
         logger.info(
-            "Supervisor %s started %d worker(s) on %s", self.base_id, self.concurrency, queues
+            "Supervisor %s started %d worker(s) on %s",
+            self.base_id,
+            self.concurrency,
+            queues,
+            extra={"event": "supervisor.started", "supervisor_id": self.base_id},
         )
+        exporter = None
+        if self.metrics_port is not None:  # before any worker: they inherit its directory
+            from .metrics import Exporter
+
+            exporter = Exporter(self.metrics_port, workers=lambda: len(self.workers))
+            logger.info(
+                "Metrics at http://127.0.0.1:%d/metrics",
+                exporter.port,
+                extra={"event": "metrics.serving", "port": exporter.port},
+            )
         self.monitor.start()
         try:
             for slot in range(self.concurrency):
@@ -125,7 +142,13 @@ class Supervisor:
                 self._watch(time.monotonic())
         finally:
             self.monitor.finish()
-        logger.info("Supervisor %s stopped", self.base_id)
+            if exporter:
+                exporter.close()
+        logger.info(
+            "Supervisor %s stopped",
+            self.base_id,
+            extra={"event": "supervisor.stopped", "supervisor_id": self.base_id},
+        )
 
     def stop(self) -> None:
         """Let each worker finish its attempts in hand, then exit."""
@@ -165,6 +188,7 @@ class Supervisor:
                     "Worker %s: job %s passed its timeout; stopping the worker process",
                     child.worker_id,
                     pk,
+                    extra={"event": "worker.overdue", "worker_id": child.worker_id, "job_id": pk},
                 )
                 child.timed_out = pk
                 os.kill(child.process.pid or 0, signal.SIGKILL)
@@ -173,6 +197,7 @@ class Supervisor:
                     "Worker %s: handing back %d job(s) held behind a slow one",
                     child.worker_id,
                     len(held),
+                    extra={"event": "worker.released", "worker_id": child.worker_id, "jobs": held},
                 )
                 self.monitor.submit(functools.partial(release, child.worker_id, held))
         for slot, at in list(self._respawn_at.items()):
@@ -220,7 +245,15 @@ class Supervisor:
                 how = f"exited {code}"
             reason, error = FailureReason.LOST, WorkerLost(f"its worker process {how}")
             if code not in (0, EXIT_RECYCLE, EXIT_UNAVAILABLE):
-                logger.warning("Worker %s %s", child.worker_id, how)
+                logger.warning(
+                    "Worker %s %s",
+                    child.worker_id,
+                    how,
+                    extra={"event": "worker.ended", "worker_id": child.worker_id, "exit": code},
+                )
+        if metrics.recorder is not None:
+            exit_kind = {0: "stopped", EXIT_RECYCLE: "recycled", EXIT_UNAVAILABLE: "unavailable"}
+            metrics.recorder.worker_exits_total.labels(exit_kind.get(code, "died")).inc()
         started = {pk for pk, mark in child.ledger.marks().items() if mark == STARTED}
         self.monitor.submit(
             functools.partial(settle, child.worker_id, started, reason, error, child.timed_out)
@@ -303,7 +336,11 @@ class Monitor(threading.Thread):
             try:
                 write()
             except DatabaseError:
-                logger.warning("Database unavailable; will retry", exc_info=True)
+                logger.warning(
+                    "Database unavailable; will retry",
+                    exc_info=True,
+                    extra={"event": "supervisor.database_unavailable"},
+                )
                 close_connection()
                 self._done.wait(0.5)
                 return
@@ -320,7 +357,8 @@ class Monitor(threading.Thread):
         if self.is_alive():
             logger.error(
                 "The database did not take the outcomes of ended workers; their attempts "
-                "fail as lost once JOBSTATE_LOST_AFTER has passed"
+                "fail as lost once JOBSTATE_LOST_AFTER has passed",
+                extra={"event": "supervisor.outcomes_unwritten"},
             )
 
 
@@ -333,6 +371,8 @@ def run_child(options: dict[str, Any], verbosity: int, ledger: Ledger, parent: i
     from .worker import Worker
 
     configure_logging(verbosity)  # a spawned process starts with the project's logging only
+    if os.environ.get(metrics.ENV):  # the supervisor serves --metrics-port
+        metrics.install()
     # Ctrl-C reaches the whole process group: the supervisor alone decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker = Worker(**options, ledger=ledger, parent=parent)

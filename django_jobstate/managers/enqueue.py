@@ -65,6 +65,8 @@ class Enqueue(Writes):
         max_attempts: int = 1,
         backoff: float = 0,
         timeout: float | None = None,
+        metadata: dict[str, Any] | None = None,
+        trace_context: dict[str, Any] | None = None,
     ) -> list[Job]:
         """Create the first attempts of several calls of one task: all of them, or none.
 
@@ -83,6 +85,8 @@ class Enqueue(Writes):
             max_attempts=max_attempts,
             backoff=backoff,
             timeout=timeout,
+            metadata={} if metadata is None else metadata,
+            trace_context=trace_context,
         )
         if run_after is not None:
             template.run_after = run_after

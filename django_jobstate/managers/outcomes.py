@@ -15,8 +15,10 @@ from django.db.models import Exists
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
+from .. import metrics
 from ..conf import get_settings
 from ..exceptions import LostRace, WorkerLost
+from ..logs import job_fields
 from ..states import FailureReason, State, check_transition
 from ..wakeup import NOTIFY
 from .base import Writes, describe_error, logger, now_sql, timeout_error
@@ -134,6 +136,8 @@ class Outcomes(Writes):
                     max_attempts=job.max_attempts if max_attempts is None else max_attempts,
                     backoff=job.backoff,
                     timeout=job.timeout,
+                    metadata=job.metadata,
+                    trace_context=job.trace_context,
                 )
                 # prune() may be deleting `job`'s task, having read it before this INSERT:
                 # lock `job` (prune locks it too) so that it cannot go until this commits.
@@ -256,7 +260,16 @@ class Outcomes(Writes):
                     self.fail(job, reason, **describe_error(error))
             except LostRace:
                 continue  # its worker finished it, or another rescuer got there first
-            logger.warning("Job %s attempt %d failed as %s: %s", job.pk, job.attempt, reason, error)
+            logger.warning(
+                "Job %s attempt %d failed as %s: %s",
+                job.pk,
+                job.attempt,
+                reason,
+                error,
+                extra=job_fields(job, "job.settled", failure_reason=reason.value),
+            )
+            if metrics.recorder is not None:
+                metrics.recorder.finished(job)
             failed += 1
         return failed
 

@@ -1,6 +1,7 @@
 """`manage.py runjobs`: run a worker until stopped."""
 
 import argparse
+import importlib.util
 import logging
 import signal
 from types import FrameType
@@ -8,7 +9,12 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobstate.management.arguments import positive_float, positive_int, queue_name
+from django_jobstate.management.arguments import (
+    port_number,
+    positive_float,
+    positive_int,
+    queue_name,
+)
 from django_jobstate.supervisor import Supervisor, configure_logging
 
 logger = logging.getLogger("django_jobstate.worker")
@@ -55,10 +61,23 @@ class Command(BaseCommand):
             help="Start worker names with ID (default: host:pid); a random part follows, so "
             "that two runjobs given the same ID never share a name.",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=port_number,
+            metavar="PORT",
+            help="Serve Prometheus metrics of all the workers at http://127.0.0.1:PORT/metrics "
+            "(0: any free port, logged). Needs prometheus-client: django-jobstate[metrics].",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
         refuse_to_start(options["queues"], burst=options["burst"])
+        if options["metrics_port"] is not None and not importlib.util.find_spec(
+            "prometheus_client"
+        ):
+            raise CommandError(
+                "--metrics-port needs prometheus-client: pip install 'django-jobstate[metrics]'."
+            )
         supervisor = Supervisor(
             concurrency=options["concurrency"],
             worker_id=options["worker_id"],
@@ -67,6 +86,7 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             burst=options["burst"],
             max_jobs=options["max_jobs"],
+            metrics_port=options["metrics_port"],
         )
         forced: list[int] = []
 
@@ -74,11 +94,17 @@ class Command(BaseCommand):
             name = signal.Signals(signum).name
             if not supervisor.stopping:
                 logger.warning(
-                    "%s received: finishing the jobs in hand (send it again to stop at once)", name
+                    "%s received: finishing the jobs in hand (send it again to stop at once)",
+                    name,
+                    extra={"event": "supervisor.signal", "signal": name},
                 )
                 supervisor.stop()
             else:
-                logger.warning("%s received again: stopping at once", name)
+                logger.warning(
+                    "%s received again: stopping at once",
+                    name,
+                    extra={"event": "supervisor.signal", "signal": name},
+                )
                 forced.append(signum)
                 supervisor.interrupt()
 
@@ -123,7 +149,12 @@ def refuse_to_start(queues: list[str] | None, *, burst: bool) -> None:
                 f"A burst run could not reach the database {db!r}: {exc}", returncode=3
             ) from None
         # A long-running runjobs waits for it (a failover, a restart during a deploy).
-        logger.warning("Database %r unavailable (%s); the workers will retry", db, exc)
+        logger.warning(
+            "Database %r unavailable (%s); the workers will retry",
+            db,
+            exc,
+            extra={"event": "runjobs.database_unavailable"},
+        )
         return
     finally:
         connections[db].close()  # spawned workers open their own
@@ -139,4 +170,5 @@ def refuse_to_start(queues: list[str] | None, *, burst: bool) -> None:
             "wait for jobs that enqueue() refuses",
             name,
             ", ".join(sorted(known)),
+            extra={"event": "runjobs.unknown_queue", "queue": name},
         )
