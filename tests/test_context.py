@@ -3,7 +3,9 @@ read back through get_result() and the admin."""
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
 from django.tasks.exceptions import InvalidTask
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_jobstate.backend import JobStateBackend, JobStateTaskResult
@@ -101,3 +103,13 @@ def test_the_admin_shows_the_metadata(client):
     job = JobFactory(metadata={"progress": "42 of 100 rows"})
     html = client.get(reverse("admin:django_jobstate_job_change", args=[job.pk])).content
     assert "42 of 100 rows" in html.decode()
+
+
+def test_an_enqueue_without_metadata_or_trace_sends_neither_column():
+    with CaptureQueriesContext(connection) as queries:
+        tasks.record.enqueue("plain")
+        tasks.record.using(metadata={"k": 1}).enqueue("with")
+    plain, given = [q["sql"] for q in queries if "INSERT" in q["sql"]]
+    assert "metadata" not in plain  # the database's default, {}
+    assert "trace_context" not in plain
+    assert "metadata" in given

@@ -1,19 +1,25 @@
 """Prometheus metrics: a real `runjobs --metrics-port` scraped over HTTP, and the view."""
 
 import re
+import subprocess
+import sys
 import time
 import urllib.request
 from collections import Counter
 
 import pytest
+from django.db import connection
 from django.db.models import Count
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_jobstate.backend import JobStateBackend
+from django_jobstate.metrics import live_counts, oldest_ages
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import State
 from tests import tasks
+from tests.conftest import ROOT, subprocess_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -138,3 +144,62 @@ def test_the_view_serves_the_database_gauges(client, settings):
     assert jobs[("emails", "queued")] == jobs[("reports", "running")] == 0
     assert by(found, "jobstate_workers_seen", "status") == Counter({("alive",): 1})
     assert found[("jobstate_database_up", ())] == 1
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's planner")
+def test_the_gauges_read_live_rows_from_their_partial_indexes_never_history():
+    backend = JobStateBackend("default", {})
+    backend.bulk_enqueue(tasks.record, [([str(i)], {}) for i in range(20_000)])
+    while batch := Job.objects.claim("w", limit=1000):
+        Job.objects.succeed_many("w", [(job, None) for job in batch])
+    backend.bulk_enqueue(tasks.record, [(["live"], {})] * 20)
+    Job.objects.claim("w", limit=5)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+
+    with CaptureQueriesContext(connection) as queries:
+        assert dict(oldest_ages())["default"] >= 0
+        counts = dict((tuple(labels), n) for labels, n in live_counts())
+    assert (counts[("default", "queued")], counts[("default", "running")]) == (15, 5)
+
+    scans = set()
+    with connection.cursor() as cursor:
+        for query in queries:
+            cursor.execute(f"EXPLAIN (FORMAT JSON) {query['sql']}")
+            stack = [cursor.fetchone()[0][0]["Plan"]]
+            while stack:
+                node = stack.pop()
+                stack.extend(node.get("Plans", []))
+                if node.get("Relation Name") == Job._meta.db_table:
+                    scans.add((node["Node Type"], node.get("Index Name")))
+    assert len(queries) == 3
+    assert {index for _, index in scans} == {"jobstate_job_runnable", "jobstate_job_running"}
+    assert not any(kind == "Seq Scan" for kind, _ in scans)
+
+
+OFF = """
+import sys, django
+django.setup()
+import django_jobstate.management.commands.runjobs, django_jobstate.supervisor
+from django_jobstate.models import Job
+from django_jobstate.worker import Worker
+from tests import tasks
+tasks.reports_progress.using(metadata={"a": 1}).enqueue(1)
+tasks.boom.enqueue()
+Worker(burst=True).run()
+assert Job.objects.filter(state="succeeded").count() == 1
+print(sorted(m for m in sys.modules if m.split(".")[0] in ("prometheus_client", "opentelemetry")))
+"""
+
+
+def test_with_metrics_and_tracing_off_neither_library_is_imported():
+    done = subprocess.run(
+        [sys.executable, "-c", OFF],
+        env=subprocess_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "[]"
