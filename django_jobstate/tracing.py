@@ -53,10 +53,10 @@ class Attempt:
     """The CONSUMER span of one attempt's run, current while its body runs."""
 
     def __init__(self, job: Job) -> None:
-        stored = job.trace_context or {}
+        stored = job.trace_context if isinstance(job.trace_context, dict) else {}
         links = []
-        previous = stored.get("previous") or {}
-        if previous.get("attempt") == job.attempt - 1:
+        previous = stored.get("previous")
+        if isinstance(previous, dict) and previous.get("attempt") == job.attempt - 1:
             linked = trace.get_current_span(propagate.extract(previous)).get_span_context()
             if linked.is_valid:
                 links.append(Link(linked, {"jobstate.attempt": job.attempt - 1}))
@@ -96,5 +96,5 @@ class Attempt:
         span.end()
         carrier: dict[str, Any] = {"attempt": self.job.attempt}
         propagate.inject(carrier, context=trace.set_span_in_context(span))
-        if self.job.trace_context is not None:
+        if isinstance(self.job.trace_context, dict):
             self.job.trace_context = {**self.job.trace_context, "previous": carrier}
