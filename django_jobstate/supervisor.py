@@ -92,14 +92,12 @@ class Supervisor:
         concurrency: int = 1,
         worker_id: str | None = None,
         verbosity: int = 1,
-        metrics_port: int | None = None,
         **options: Any,
     ):
         from .worker import MAX_BATCH
 
         self.concurrency = concurrency
         self.verbosity = verbosity
-        self.metrics_port = metrics_port
         self.base_id = supervisor_id(worker_id)
         self.options = options  # Worker(...) arguments: queues, poll_interval, burst, max_jobs
         self.batch_size = options.pop("max_batch", MAX_BATCH)
@@ -122,16 +120,6 @@ class Supervisor:
             queues,
             extra={"event": "supervisor.started", "supervisor_id": self.base_id},
         )
-        exporter = None
-        if self.metrics_port is not None:  # before any worker: they inherit its directory
-            from .metrics import Exporter
-
-            exporter = Exporter(self.metrics_port, workers=lambda: len(self.workers))
-            logger.info(
-                "Metrics at http://127.0.0.1:%d/metrics",
-                exporter.port,
-                extra={"event": "metrics.serving", "port": exporter.port},
-            )
         self.monitor.start()
         try:
             for slot in range(self.concurrency):
@@ -142,8 +130,6 @@ class Supervisor:
                 self._watch(time.monotonic())
         finally:
             self.monitor.finish()
-            if exporter:
-                exporter.close()
         logger.info(
             "Supervisor %s stopped",
             self.base_id,

@@ -1,6 +1,7 @@
 """Prometheus metrics: a real `runjobs --metrics-port` scraped over HTTP, and the view."""
 
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -64,6 +65,7 @@ def test_scraped_counters_add_up_to_the_rows_while_two_workers_drain(runjobs):
     )
 
     def port() -> int | None:
+        assert proc.poll() is None, runjobs.output(proc)
         found = re.search(r"Metrics at http://127.0.0.1:(\d+)/metrics", runjobs.output(proc))
         return int(found[1]) if found else None
 
@@ -125,6 +127,18 @@ def test_a_bad_metrics_port_exits_2(runjobs):
     done = runjobs.run("--metrics-port", "70000")
     assert done.returncode == 2
     assert "must be a port from 0 to 65535" in done.stdout
+
+
+def test_a_metrics_port_in_use_is_said_and_nothing_starts(runjobs):
+    tasks.record.enqueue("stays queued")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = runjobs.run("--burst", "--metrics-port", str(port))
+    assert done.returncode == 1
+    assert f"--metrics-port {port}: cannot serve on it" in done.stdout
+    assert Job.objects.queued().count() == 1
 
 
 def test_the_view_serves_the_database_gauges(client, settings):

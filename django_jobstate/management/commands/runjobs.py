@@ -5,7 +5,7 @@ import importlib.util
 import logging
 import signal
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 
@@ -16,6 +16,9 @@ from django_jobstate.management.arguments import (
     queue_name,
 )
 from django_jobstate.supervisor import Supervisor, configure_logging
+
+if TYPE_CHECKING:
+    from django_jobstate.metrics import Exporter
 
 logger = logging.getLogger("django_jobstate.worker")
 
@@ -86,8 +89,8 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             burst=options["burst"],
             max_jobs=options["max_jobs"],
-            metrics_port=options["metrics_port"],
         )
+        exporter = self._start_metrics(options["metrics_port"], supervisor)
         forced: list[int] = []
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -110,7 +113,11 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        supervisor.run()
+        try:
+            supervisor.run()
+        finally:
+            if exporter:
+                exporter.close()
         if forced:  # as a shell reports a process ended by that signal
             raise CommandError(
                 "Stopped at once: the running attempts failed as interrupted.",
@@ -122,6 +129,23 @@ class Command(BaseCommand):
                 "known to be done; see the errors above.",
                 returncode=3,
             )
+
+    def _start_metrics(self, port: int | None, supervisor: Supervisor) -> "Exporter | None":
+        """Serve --metrics-port; before any worker starts, as they inherit its directory."""
+        if port is None:
+            return None
+        from django_jobstate.metrics import Exporter
+
+        try:
+            exporter = Exporter(port, workers=lambda: len(supervisor.workers))
+        except OSError as exc:
+            raise CommandError(f"--metrics-port {port}: cannot serve on it: {exc}") from None
+        logger.info(
+            "Metrics at http://127.0.0.1:%d/metrics",
+            exporter.port,
+            extra={"event": "metrics.serving", "port": exporter.port},
+        )
+        return exporter
 
 
 def refuse_to_start(queues: list[str] | None, *, burst: bool) -> None:
