@@ -25,7 +25,9 @@ def test_every_line_of_a_worker_run_is_json_with_an_event(runjobs):
     tasks.busy_loop.enqueue("overdue")  # the supervisor stops it at its timeout, twice
     proc = runjobs.start("--concurrency", "2", JOBSTATE_TEST_JSON_LOGS="1")
     deadline = time.monotonic() + 60
-    while Job.objects.live().exists():
+    # Done, and the two workers started in place of those killed at the timeouts are up
+    # (a worker stopped while it starts, before its handler is set, ends without a word).
+    while Job.objects.live().exists() or runjobs.output(proc).count('"worker.started"') < 4:
         assert time.monotonic() < deadline, runjobs.output(proc)
         time.sleep(0.1)
     output = runjobs.stop(proc, signal.SIGTERM)
