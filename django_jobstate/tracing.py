@@ -82,8 +82,8 @@ class Attempt:
         self._token = context.attach(trace.set_span_in_context(self.span))
 
     def finish(self, error: BaseException | None, reason: str) -> None:
-        """End the span with the body's outcome; leave its context on the job, for the
-        next attempt (which retry() copies from it) to link to."""
+        """End the span with the body's outcome; after a failure, leave its context on the
+        job for the next attempt (which retry() copies from it) to link to."""
         context.detach(self._token)
         span = self.span
         if error is None:
@@ -94,7 +94,7 @@ class Attempt:
             span.record_exception(error)
             span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         span.end()
-        carrier: dict[str, Any] = {"attempt": self.job.attempt}
-        propagate.inject(carrier, context=trace.set_span_in_context(span))
-        if isinstance(self.job.trace_context, dict):
+        if error is not None and isinstance(self.job.trace_context, dict):  # a retry may follow
+            carrier: dict[str, Any] = {"attempt": self.job.attempt}
+            propagate.inject(carrier, context=trace.set_span_in_context(span))
             self.job.trace_context = {**self.job.trace_context, "previous": carrier}
