@@ -38,6 +38,8 @@ class System:
             burst_flag = ["--burst"] if burst else []
             # -v 0: no line per finished job (runjobs' default since it logs on its own),
             # as db_worker here and Celery's default log level write none either.
+            if os.environ.get("JOBSTATE_BENCH_OBSERVE") == "1":  # bench_settings_jobstate
+                burst_flag += ["--metrics-port", "0"]
             return [[*manage, "runjobs", "-v", "0", "--concurrency", str(workers), *burst_flag]]
         burst_flag = ["--batch"] if burst else []
         return [

@@ -55,7 +55,10 @@ FIELDSETS = [
         },
     ),
     ERROR_FIELDSET,
-    (_("Arguments and result"), {"fields": ["args_json", "kwargs_json", "return_value_json"]}),
+    (
+        _("Arguments and result"),
+        {"fields": ["args_json", "kwargs_json", "return_value_json", "metadata_json"]},
+    ),
     (
         _("Where and when"),
         {
@@ -262,6 +265,10 @@ class JobAdmin(JobActions, admin.ModelAdmin):
         if job.state != State.SUCCEEDED:
             return self.get_empty_value_display()
         return pretty_json(job.return_value)
+
+    @admin.display(description=_("metadata"))
+    def metadata_json(self, job: Job) -> str:
+        return pretty_json(job.metadata) if job.metadata else self.get_empty_value_display()
 
     @admin.display(description=_("traceback"))
     def traceback_pre(self, job: Job) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from numbers import Real
 from typing import TYPE_CHECKING, Any, cast
 
@@ -15,11 +15,12 @@ from django.db import OperationalError
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.backends.immediate import ImmediateBackend as DjangoImmediateBackend
-from django.tasks.base import TaskError
+from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 
-from .conf import LIMIT_NAMES, YEAR, get_settings
+from .conf import LIMIT_NAMES, YEAR, Settings, get_settings
+from .exceptions import InvalidPayload
 from .loading import check_loadable
 from .loading import load_task as load_task  # re-exported: worker.py imports it from here
 from .states import FailureReason, State
@@ -60,16 +61,28 @@ class JobStateTask(Task):
     unique_scope: str = UniqueScope.LIVE  # or "queued": one waiting, while one may run
     on_duplicate: str = "return"  # or "raise": JobAlreadyEnqueued
     unique_key: str | None = None
+    # The job's metadata at enqueue, per call: task.using(metadata={...}). Not hashed: a dict.
+    metadata: dict[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.unique, list):  # hashable, as the rest of a Task
             object.__setattr__(self, "unique", tuple(self.unique))
         Task.__post_init__(self)
 
-    def using(self, *, unique_key: str | None = None, **changes: Any) -> JobStateTask:
-        """Django's using(), and `unique_key`: this call's key for uniqueness."""
-        task = cast(JobStateTask, Task.using(self, **changes))
-        return task if unique_key is None else replace(task, unique_key=unique_key)
+    def using(
+        self,
+        *,
+        unique_key: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        **options: Any,
+    ) -> JobStateTask:
+        """Django's using(), plus `unique_key` (this call's key for uniqueness) and
+        `metadata` (the dict stored with each job enqueued)."""
+        # Task.using, not super(): zero-argument super() fails in a slots dataclass.
+        task = cast(JobStateTask, Task.using(self, **options))
+        ours: dict[str, Any] = {"unique_key": unique_key, "metadata": metadata}
+        ours = {name: value for name, value in ours.items() if value is not None}
+        return replace(task, **ours) if ours else task
 
 
 def _check_option(
@@ -103,6 +116,13 @@ def validate_options(task: Task) -> None:
         )
     _check_option(task, "backoff", minimum=0, maximum=YEAR)
     _check_option(task, "timeout", minimum=0.001, maximum=YEAR)
+    if (metadata := getattr(task, "metadata", None)) is not None:
+        from .managers.progress import check_metadata
+
+        try:
+            check_metadata(metadata)
+        except InvalidPayload as exc:
+            raise InvalidTask(f"metadata of task {task.module_path!r}: {exc}") from None
     if not isinstance(atomic := getattr(task, "atomic", False), bool):
         raise InvalidTask(
             f"atomic of task {task.module_path!r} must be True or False, not {atomic!r}."
@@ -155,36 +175,15 @@ class JobStateBackend(BaseTaskBackend):
 
         defaults = get_settings()
         calls = list(calls)
-        unique: dict[str, Any] = {}
-        if is_unique(task):
-            unique = {
-                "unique_keys": [unique_key(task, args, kwargs) for args, kwargs in calls],
-                "unique_scope": UniqueScope(getattr(task, "unique_scope", UniqueScope.LIVE)),
-                "raise_duplicates": getattr(task, "on_duplicate", "return") == "raise",
-            }
-        try:
-            jobs = Job.objects.enqueue_many(
-                task.module_path,
-                calls,
-                queue_name=task.queue_name,
-                priority=task.priority,
-                run_after=task.run_after,
-                backend=self.alias,
-                max_attempts=_option(task, "max_attempts", defaults.DEFAULT_MAX_ATTEMPTS),
-                backoff=_option(task, "backoff", defaults.DEFAULT_BACKOFF),
-                timeout=_option(task, "timeout", defaults.DEFAULT_TIMEOUT),
-                **unique,
-            )
-        except OperationalError as exc:
-            if unique and getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:
-                raise OperationalError(
-                    f"Enqueueing unique task {task.module_path!r} met a job with its key that "
-                    f"another transaction wrote after this transaction's snapshot was taken "
-                    f"(REPEATABLE READ or SERIALIZABLE isolation). Retry the whole "
-                    f"transaction, or enqueue unique tasks under READ COMMITTED, Django's "
-                    f"default. ({exc})"
-                ) from exc
-            raise
+        if defaults.TRACING:
+            from .tracing import producer_span
+
+            with producer_span(task, len(calls)) as (span, trace_context):
+                jobs = self._enqueue(task, calls, defaults, trace_context)
+                if len(jobs) == 1:
+                    span.set_attribute("messaging.message.id", str(jobs[0].result_id))
+        else:
+            jobs = self._enqueue(task, calls, defaults, None)
         results = []
         for job in jobs:
             if job.deduplicated:  # the live task that holds the key, with all its attempts
@@ -198,6 +197,48 @@ class JobStateBackend(BaseTaskBackend):
             task_enqueued.send(type(self), task_result=result)
             results.append(result)
         return results
+
+    def _enqueue(
+        self,
+        task: Task,
+        calls: list[tuple[Sequence[Any], dict[str, Any]]],
+        defaults: Settings,
+        trace_context: dict[str, Any] | None,
+    ) -> list[Job]:
+        from .models import Job
+
+        unique: dict[str, Any] = {}
+        if is_unique(task):
+            unique = {
+                "unique_keys": [unique_key(task, args, kwargs) for args, kwargs in calls],
+                "unique_scope": UniqueScope(getattr(task, "unique_scope", UniqueScope.LIVE)),
+                "raise_duplicates": getattr(task, "on_duplicate", "return") == "raise",
+            }
+        try:
+            return Job.objects.enqueue_many(
+                task.module_path,
+                calls,
+                queue_name=task.queue_name,
+                priority=task.priority,
+                run_after=task.run_after,
+                backend=self.alias,
+                max_attempts=_option(task, "max_attempts", defaults.DEFAULT_MAX_ATTEMPTS),
+                backoff=_option(task, "backoff", defaults.DEFAULT_BACKOFF),
+                timeout=_option(task, "timeout", defaults.DEFAULT_TIMEOUT),
+                metadata=getattr(task, "metadata", None),
+                trace_context=trace_context,
+                **unique,
+            )
+        except OperationalError as exc:
+            if unique and getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:
+                raise OperationalError(
+                    f"Enqueueing unique task {task.module_path!r} met a job with its key that "
+                    f"another transaction wrote after this transaction's snapshot was taken "
+                    f"(REPEATABLE READ or SERIALIZABLE isolation). Retry the whole "
+                    f"transaction, or enqueue unique tasks under READ COMMITTED, Django's "
+                    f"default. ({exc})"
+                ) from exc
+            raise
 
     def get_result(self, result_id: str) -> TaskResult:
         from .models import Job
@@ -222,6 +263,23 @@ class JobStateBackend(BaseTaskBackend):
         ]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStateTaskResult(TaskResult):  # type: ignore[misc]  # frozen at runtime, not in the stubs
+    """Django's TaskResult, plus the newest attempt's `metadata` (refresh() reads it too)."""
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def refresh(self) -> None:
+        self._update(self.task.get_backend().get_result(self.id))
+
+    async def arefresh(self) -> None:
+        self._update(await self.task.get_backend().aget_result(self.id))
+
+    def _update(self, refreshed: TaskResult) -> None:
+        for attr in (*TASK_REFRESH_ATTRS, "metadata"):
+            object.__setattr__(self, attr, getattr(refreshed, attr))
+
+
 def _option(task: Task, name: str, default: Any) -> Any:
     value = getattr(task, name, None)
     return default if value is None else value
@@ -244,7 +302,7 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
             run_after=run_after,
         )
     started = [a for a in attempts if a.started_at is not None]
-    result: TaskResult[Any, Any] = TaskResult(
+    result: TaskResult[Any, Any] = JobStateTaskResult(
         task=task,
         id=str(newest.result_id),
         status=STATUS[State(newest.state)],
@@ -263,6 +321,7 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
         ],
         # The check constraints give every started attempt a worker_id.
         worker_ids=[cast(str, a.worker_id) for a in started],
+        metadata=dict(newest.metadata),
     )
     if newest.state == State.SUCCEEDED:
         object.__setattr__(result, "_return_value", newest.return_value)

@@ -270,3 +270,17 @@ def _tasks_workers_would_refuse() -> list[CheckMessage]:
                     )
                 )
     return messages
+
+
+@register()
+def check_tracing(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    if _raw("TRACING") is not True or importlib.util.find_spec("opentelemetry") is not None:
+        return []
+    return [
+        Error(
+            "JOBSTATE_TRACING is True, but opentelemetry-api is not installed: every "
+            "enqueue() would fail to import it.",
+            hint="pip install 'django-jobstate[tracing]', or set JOBSTATE_TRACING = False.",
+            id="django_jobstate.E009",
+        )
+    ]

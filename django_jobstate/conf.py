@@ -27,6 +27,8 @@ class Settings:
     # Dotted paths of modules that define tasks, besides every installed app's `tasks`
     # module: the only modules a worker imports to find a job's task (loading.py).
     TASK_MODULES: Sequence[str] = ()
+    # OpenTelemetry spans for enqueue and each attempt (tracing.py; needs opentelemetry-api).
+    TRACING: bool = False
 
 
 DAY = 86_400.0

@@ -50,7 +50,12 @@ class Pulse:
             WorkerHeartbeat.objects.beat(workers, host=self.host, queues=queues)
         except DatabaseError:
             self._connected_since = None
-            logger.warning("%s: database unavailable; cannot heartbeat", self.name, exc_info=True)
+            logger.warning(
+                "%s: database unavailable; cannot heartbeat",
+                self.name,
+                exc_info=True,
+                extra={"event": "heartbeat.failed"},
+            )
             close_connection()
             return
         now = time.monotonic()
@@ -76,7 +81,12 @@ class Pulse:
             WorkerHeartbeat.objects.forget_lost(lost_after)
         except DatabaseError:
             self._connected_since = None
-            logger.warning("%s: database unavailable; cannot rescue", self.name, exc_info=True)
+            logger.warning(
+                "%s: database unavailable; cannot rescue",
+                self.name,
+                exc_info=True,
+                extra={"event": "rescue.failed"},
+            )
             close_connection()
             return 0
         return rescued

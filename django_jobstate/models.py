@@ -105,6 +105,13 @@ class Job(models.Model):
 
     # True on the live job that an enqueue of a unique key returned instead of a new one.
     deduplicated = False
+    # What the task says of itself ("42 of 100 rows"): set at enqueue, saved by the task
+    # while it runs (JobStateContext.save_metadata), copied to the next attempt.
+    metadata = models.JSONField(
+        _("metadata"), default=dict, db_default={}, blank=True, editable=False
+    )
+    # The W3C trace context of the enqueue, with JOBSTATE_TRACING (tracing.py); NULL without.
+    trace_context = models.JSONField(_("trace context"), null=True, blank=True, editable=False)
 
     objects = JobManager()
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from django.db import DatabaseError
 
+from . import metrics
 from .exceptions import WorkerInterrupted, WorkerLost
 from .ledger import STARTED, Ledger
 from .states import FailureReason
@@ -113,7 +114,11 @@ class Supervisor:
     def run(self) -> None:
         queues = ", ".join(sorted(self.options.get("queues") or [])) or "all queues"
         logger.info(
-            "Supervisor %s started %d worker(s) on %s", self.base_id, self.concurrency, queues
+            "Supervisor %s started %d worker(s) on %s",
+            self.base_id,
+            self.concurrency,
+            queues,
+            extra={"event": "supervisor.started", "supervisor_id": self.base_id},
         )
         self.monitor.start()
         try:
@@ -125,7 +130,11 @@ class Supervisor:
                 self._watch(time.monotonic())
         finally:
             self.monitor.finish()
-        logger.info("Supervisor %s stopped", self.base_id)
+        logger.info(
+            "Supervisor %s stopped",
+            self.base_id,
+            extra={"event": "supervisor.stopped", "supervisor_id": self.base_id},
+        )
 
     def stop(self) -> None:
         """Let each worker finish its attempts in hand, then exit."""
@@ -165,6 +174,7 @@ class Supervisor:
                     "Worker %s: job %s passed its timeout; stopping the worker process",
                     child.worker_id,
                     pk,
+                    extra={"event": "worker.overdue", "worker_id": child.worker_id, "job_id": pk},
                 )
                 child.timed_out = pk
                 os.kill(child.process.pid or 0, signal.SIGKILL)
@@ -173,6 +183,7 @@ class Supervisor:
                     "Worker %s: handing back %d job(s) held behind a slow one",
                     child.worker_id,
                     len(held),
+                    extra={"event": "worker.released", "worker_id": child.worker_id, "jobs": held},
                 )
                 self.monitor.submit(functools.partial(release, child.worker_id, held))
         for slot, at in list(self._respawn_at.items()):
@@ -220,7 +231,15 @@ class Supervisor:
                 how = f"exited {code}"
             reason, error = FailureReason.LOST, WorkerLost(f"its worker process {how}")
             if code not in (0, EXIT_RECYCLE, EXIT_UNAVAILABLE):
-                logger.warning("Worker %s %s", child.worker_id, how)
+                logger.warning(
+                    "Worker %s %s",
+                    child.worker_id,
+                    how,
+                    extra={"event": "worker.ended", "worker_id": child.worker_id, "exit": code},
+                )
+        if metrics.recorder is not None:
+            exit_kind = {0: "stopped", EXIT_RECYCLE: "recycled", EXIT_UNAVAILABLE: "unavailable"}
+            metrics.recorder.worker_exits_total.labels(exit_kind.get(code, "died")).inc()
         started = {pk for pk, mark in child.ledger.marks().items() if mark == STARTED}
         self.monitor.submit(
             functools.partial(settle, child.worker_id, started, reason, error, child.timed_out)
@@ -303,7 +322,11 @@ class Monitor(threading.Thread):
             try:
                 write()
             except DatabaseError:
-                logger.warning("Database unavailable; will retry", exc_info=True)
+                logger.warning(
+                    "Database unavailable; will retry",
+                    exc_info=True,
+                    extra={"event": "supervisor.database_unavailable"},
+                )
                 close_connection()
                 self._done.wait(0.5)
                 return
@@ -320,7 +343,8 @@ class Monitor(threading.Thread):
         if self.is_alive():
             logger.error(
                 "The database did not take the outcomes of ended workers; their attempts "
-                "fail as lost once JOBSTATE_LOST_AFTER has passed"
+                "fail as lost once JOBSTATE_LOST_AFTER has passed",
+                extra={"event": "supervisor.outcomes_unwritten"},
             )
 
 
@@ -333,6 +357,8 @@ def run_child(options: dict[str, Any], verbosity: int, ledger: Ledger, parent: i
     from .worker import Worker
 
     configure_logging(verbosity)  # a spawned process starts with the project's logging only
+    if os.environ.get(metrics.ENV):  # the supervisor serves --metrics-port
+        metrics.install()
     # Ctrl-C reaches the whole process group: the supervisor alone decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     worker = Worker(**options, ledger=ledger, parent=parent)

@@ -43,7 +43,11 @@ class Waiter:
                 for _ in listener.notifies(timeout=min(left, 0.5), stop_after=1):
                     return
         except Exception:  # psycopg errors: the server restarted, the network dropped
-            logger.warning("LISTEN connection lost; polling until it is back", exc_info=True)
+            logger.warning(
+                "LISTEN connection lost; polling until it is back",
+                exc_info=True,
+                extra={"event": "wakeup.lost"},
+            )
             self.close()
             self.stopping.wait(max(0.0, deadline - time.monotonic()))
 

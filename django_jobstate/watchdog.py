@@ -70,6 +70,7 @@ class Watchdog(threading.Thread):
                     self.worker.worker_id,
                     pk,
                     exc_info=True,
+                    extra={"event": "database.unavailable", "job_id": pk},
                 )
                 close_connection()
                 return

@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from django.db import (
     DatabaseError,
@@ -32,15 +32,18 @@ from django.db import (
     transaction,
 )
 from django.db.models.functions import Now
-from django.tasks import Task, TaskContext, TaskResult
+from django.tasks import Task, TaskResult
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
+from . import metrics
 from .backend import JobStateBackend, load_task, to_task_result
 from .conf import get_settings
+from .context import JobStateContext
 from .exceptions import JobTimeout, LostRace
 from .ledger import Ledger
+from .logs import job_fields
 from .managers import ClaimKey, claim_key, describe_error
 from .models import Job
 from .payload import encode_payload
@@ -126,6 +129,11 @@ class Worker:
         self._average_duration: float | None = None
         self._from_key: ClaimKey | None = None
         self._rescan_at = 0.0
+        self.tracing: Any = None  # tracing.py, with JOBSTATE_TRACING
+        if get_settings().TRACING:
+            from . import tracing
+
+            self.tracing = tracing
 
     def stop(self) -> None:
         """Finish the attempts in hand, claim no more."""
@@ -141,7 +149,12 @@ class Worker:
 
     def run(self) -> None:
         queues = ", ".join(self.queues) if self.queues else "all queues"
-        logger.info("Worker %s started on %s", self.worker_id, queues)
+        logger.info(
+            "Worker %s started on %s",
+            self.worker_id,
+            queues,
+            extra={"event": "worker.started", "worker_id": self.worker_id, "queues": self.queues},
+        )
         watchdog = None if self.supervised else Watchdog(self)
         if watchdog:
             watchdog.beat()  # register; if the database is away, the next beat will
@@ -150,7 +163,11 @@ class Worker:
         try:
             while not self.stopping and not self.reached_max_jobs:
                 if self.parent is not None and os.getppid() != self.parent:
-                    logger.warning("Worker %s lost its supervisor; stopping", self.worker_id)
+                    logger.warning(
+                        "Worker %s lost its supervisor; stopping",
+                        self.worker_id,
+                        extra={"event": "worker.orphaned", "worker_id": self.worker_id},
+                    )
                     break
                 jobs = self._claim()
                 if jobs:
@@ -163,7 +180,16 @@ class Worker:
             waiter.close()
             if watchdog:
                 watchdog.finish()
-            logger.info("Worker %s stopped after %d jobs", self.worker_id, self.jobs_done)
+            logger.info(
+                "Worker %s stopped after %d jobs",
+                self.worker_id,
+                self.jobs_done,
+                extra={
+                    "event": "worker.stopped",
+                    "worker_id": self.worker_id,
+                    "jobs_done": self.jobs_done,
+                },
+            )
 
     def _due_soon(self) -> bool:
         """Whether a queued job (say, a retry waiting for its backoff) is due within
@@ -201,17 +227,31 @@ class Worker:
         except DatabaseError:
             connection.close()
             if self.burst:  # "nothing runnable" is not known: say so, do not exit as done
-                logger.exception("Worker %s could not claim jobs; stopping", self.worker_id)
+                logger.exception(
+                    "Worker %s could not claim jobs; stopping",
+                    self.worker_id,
+                    extra={"event": "worker.claim_failed", "worker_id": self.worker_id},
+                )
                 self.unavailable = True
                 self._stopping.set()
                 return []
-            logger.exception("Worker %s could not claim jobs; retrying", self.worker_id)
+            logger.exception(
+                "Worker %s could not claim jobs; retrying",
+                self.worker_id,
+                extra={"event": "worker.claim_failed", "worker_id": self.worker_id},
+            )
             self._stopping.wait(self.poll_interval)
             return []
         if jobs:
             logger.debug(
-                "Worker %s claimed %d job(s) of %d asked", self.worker_id, len(jobs), limit
+                "Worker %s claimed %d job(s) of %d asked",
+                self.worker_id,
+                len(jobs),
+                limit,
+                extra={"event": "worker.claimed", "worker_id": self.worker_id, "count": len(jobs)},
             )
+            if metrics.recorder is not None:
+                metrics.recorder.claimed(jobs)
         # A full batch means a backlog: claim the next one from where this one began.
         self._from_key = claim_key(jobs[0]) if len(jobs) == limit else None
         return jobs
@@ -246,7 +286,12 @@ class Worker:
                 self._record(done)  # a timeout ends the process: write what we know first
                 done = []
             if (outcome := self._execute(job, index)) is None:
-                logger.info("Worker %s handed job %s back unstarted", self.worker_id, job.pk)
+                logger.info(
+                    "Worker %s handed job %s back unstarted",
+                    self.worker_id,
+                    job.pk,
+                    extra=job_fields(job, "job.handed_back"),
+                )
                 continue
             done.append(outcome)
             self.jobs_done += 1
@@ -280,6 +325,7 @@ class Worker:
             return Outcome(job, time.monotonic(), time.monotonic(), error=exc)
         if not self.ledger.start(index, job.timeout):  # the deadline starts with the body
             return None
+        span = self.tracing.Attempt(job) if self.tracing else None
         started = time.monotonic()
         try:
             value, written = self._call(job, task, result)
@@ -297,6 +343,8 @@ class Worker:
             outcome.error = JobTimeout(
                 f"the attempt ran past its timeout of {job.timeout:g} seconds ({duration:.1f} s)"
             )
+        if span:
+            span.finish(outcome.error, outcome.reason)
         self._average_duration = (
             duration
             if self._average_duration is None
@@ -321,7 +369,9 @@ class Worker:
         timed out), LostRace rolls back the body's writes with it.
         """
         task_started.send(JobStateBackend, task_result=result)
-        args: tuple[object, ...] = (TaskContext(task_result=result),) if task.takes_context else ()
+        args: tuple[object, ...] = ()
+        if task.takes_context:
+            args = (JobStateContext(task_result=result, metadata=job.metadata, _job=job),)
         if not getattr(task, "atomic", False):
             value = task.call(*args, *job.args, **job.kwargs)
             return encode_payload(value, "The task's return value")[0], False
@@ -387,38 +437,68 @@ class Worker:
                     self.worker_id,
                     delay,
                     exc_info=True,
+                    extra={"event": "database.unavailable", "worker_id": self.worker_id},
                 )
                 connections[self.db].close()
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
 
     def _lost_race(self, job: Job, why: str) -> None:
-        logger.warning("Worker %s: outcome of job %s discarded: %s", self.worker_id, job.pk, why)
+        logger.warning(
+            "Worker %s: outcome of job %s discarded: %s",
+            self.worker_id,
+            job.pk,
+            why,
+            extra=job_fields(job, "job.outcome_discarded"),
+        )
+        if metrics.recorder is not None:
+            metrics.recorder.discarded(job)
 
     def _finished(self, outcome: Outcome) -> None:
         """Log a recorded outcome and send task_finished (inside an exception handler for a
         failure, as Django's backends do, so that its log line carries the traceback)."""
         job, error, took = outcome.job, outcome.error, outcome.finished - outcome.started
         what = (job.pk, job.task_path, job.attempt, job.max_attempts)
+        if metrics.recorder is not None:
+            metrics.recorder.finished(job, took)
         if error is None:
-            logger.info("Job %s %s attempt %d/%d succeeded in %.3fs", *what, took)
+            if logger.isEnabledFor(logging.INFO):
+                logger.info(
+                    "Job %s %s attempt %d/%d succeeded in %.3fs",
+                    *what,
+                    took,
+                    extra=job_fields(job, "job.succeeded", duration_ms=round(took * 1000, 3)),
+                )
         else:
             described = describe_error(error)
+            reason = job.failure_reason or outcome.reason
             logger.warning(
                 "Job %s %s attempt %d/%d failed (%s) in %.3fs: %s: %s",
                 *what,
-                job.failure_reason or outcome.reason,
+                reason,
                 took,
                 described["error_class"],
                 described["error_message"],
                 exc_info=error,
+                extra=job_fields(
+                    job,
+                    "job.failed",
+                    duration_ms=round(took * 1000, 3),
+                    failure_reason=str(reason),
+                    error_class=described["error_class"],
+                ),
             )
         try:
             result = to_task_result(
                 [*self._previous_attempts(job), job], self._load_task(job.task_path)
             )
         except Exception:  # e.g. the task is gone, or the row cannot be a TaskResult
-            logger.warning("Job %s: no task_finished signal", job.pk, exc_info=True)
+            logger.warning(
+                "Job %s: no task_finished signal",
+                job.pk,
+                exc_info=True,
+                extra=job_fields(job, "job.no_signal"),
+            )
             return
         if error is None:
             task_finished.send(JobStateBackend, task_result=result)

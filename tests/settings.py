@@ -100,4 +100,11 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"django_jobstate": {"handlers": ["console"], "level": "INFO"}},
 }
+if os.environ.get("JOBSTATE_TEST_JSON_LOGS"):  # a worker subprocess logging JSON lines
+    LOGGING["formatters"] = {"json": {"()": "django_jobstate.logs.JsonFormatter"}}
+    LOGGING["handlers"]["console"]["formatter"] = "json"
+if spans_file := os.environ.get("JOBSTATE_TEST_SPANS"):  # a worker subprocess's spans
+    from tests.otel import export_spans_to
+
+    export_spans_to(spans_file)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"

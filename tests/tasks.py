@@ -9,6 +9,7 @@ from pathlib import Path
 
 from django.tasks import TaskContext, task
 
+from django_jobstate.context import JobStateContext
 from tests.models import Execution
 
 
@@ -246,6 +247,18 @@ async def async_overruns(label: str) -> None:
 
 # The tasks of Django's own tests/tasks suite and of django-tasks-db's, written our way,
 # for tests/test_conformance.py.
+
+
+@task(takes_context=True, max_attempts=2, backoff=0)
+def reports_progress(context: JobStateContext, steps: int, fail_first: bool = False) -> object:
+    """Save progress after each step; with `fail_first`, the first attempt then fails."""
+    context.metadata["seen"] = [*context.metadata.get("seen", []), context.attempt]
+    for step in range(1, steps + 1):
+        context.metadata["progress"] = f"{step} of {steps}"
+        context.save_metadata()
+    if fail_first and context.attempt == 1:
+        raise RuntimeError("the first attempt fails after saving its progress")
+    return context.metadata
 
 
 @task

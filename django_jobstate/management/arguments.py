@@ -32,3 +32,13 @@ def queue_name(text: str) -> str:
     if not text.strip():
         raise argparse.ArgumentTypeError("a queue name cannot be empty")
     return text
+
+
+def port_number(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be a port from 0 to 65535, not {value}")
+    return value

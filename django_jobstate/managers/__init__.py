@@ -3,14 +3,16 @@
 Every write names the state it expects (and, for a running attempt, the worker that owns
 it). When the row has moved on, the write matches zero rows, changes nothing and raises
 LostRace. JobManager is assembled from one part per kind of write: enqueue.py, claim.py,
-outcomes.py (succeed, fail, retry, rescue, release, cancel) and prune.py; base.py holds
-the one state check and fence they share (Writes._transition).
+outcomes.py (succeed, fail, retry, rescue, release, cancel), progress.py (a running
+attempt's metadata) and prune.py; base.py holds the one state check and fence they share
+(Writes._transition).
 """
 
 from .base import class_path, describe_error, storable_text, timeout_error
 from .claim import Claim, ClaimKey, claim_key
 from .enqueue import ENQUEUE_CHUNK, Enqueue, uuid7
 from .outcomes import Outcomes, backoff_delay
+from .progress import Progress, check_metadata
 from .prune import Prune
 
 __all__ = [
@@ -18,6 +20,7 @@ __all__ = [
     "ClaimKey",
     "JobManager",
     "backoff_delay",
+    "check_metadata",
     "claim_key",
     "class_path",
     "describe_error",
@@ -27,5 +30,5 @@ __all__ = [
 ]
 
 
-class JobManager(Enqueue, Claim, Outcomes, Prune):
+class JobManager(Enqueue, Claim, Outcomes, Progress, Prune):
     """Job.objects: the reads of JobQuerySet, and every write of a Job row."""

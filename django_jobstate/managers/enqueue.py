@@ -82,6 +82,8 @@ class Enqueue(Writes):
         unique_keys: Sequence[str] | None = None,
         unique_scope: UniqueScope = UniqueScope.LIVE,
         raise_duplicates: bool = False,
+        metadata: dict[str, Any] | None = None,
+        trace_context: dict[str, Any] | None = None,
     ) -> list[Job]:
         """Create the first attempts of several calls of one task: all of them, or none.
 
@@ -109,6 +111,8 @@ class Enqueue(Writes):
             backoff=backoff,
             timeout=timeout,
             unique_scope=None if unique_keys is None else unique_scope,
+            metadata={} if metadata is None else metadata,
+            trace_context=trace_context,
         )
         if run_after is not None:
             template.run_after = run_after

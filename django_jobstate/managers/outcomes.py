@@ -15,8 +15,10 @@ from django.db.models import Exists
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
+from .. import metrics
 from ..conf import get_settings
 from ..exceptions import JobAlreadyEnqueued, LostRace, WorkerLost
+from ..logs import job_fields
 from ..states import FailureReason, State, check_transition
 from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 from ..wakeup import NOTIFY
@@ -119,7 +121,7 @@ class Outcomes(Writes):
                     job.task_path,
                     job.attempt,
                     exc.result_id or "since claimed",
-                    extra={"event": "job.retry_superseded", "job_id": job.pk},
+                    extra=job_fields(job, "job.retry_superseded"),
                 )
                 return None
 
@@ -163,6 +165,8 @@ class Outcomes(Writes):
                     timeout=job.timeout,
                     unique_key=job.unique_key,
                     unique_scope=job.unique_scope,
+                    metadata=job.metadata,
+                    trace_context=job.trace_context,
                 )
                 # prune() may be deleting `job`'s task, having read it before this INSERT:
                 # lock `job` (prune locks it too) so that it cannot go until this commits.
@@ -307,7 +311,16 @@ class Outcomes(Writes):
                     self.fail(job, reason, **describe_error(error))
             except LostRace:
                 continue  # its worker finished it, or another rescuer got there first
-            logger.warning("Job %s attempt %d failed as %s: %s", job.pk, job.attempt, reason, error)
+            logger.warning(
+                "Job %s attempt %d failed as %s: %s",
+                job.pk,
+                job.attempt,
+                reason,
+                error,
+                extra=job_fields(job, "job.settled", failure_reason=reason.value),
+            )
+            if metrics.recorder is not None:
+                metrics.recorder.finished(job)
             failed += 1
         return failed
 

@@ -1,15 +1,24 @@
 """`manage.py runjobs`: run a worker until stopped."""
 
 import argparse
+import importlib.util
 import logging
 import signal
 from types import FrameType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
 
-from django_jobstate.management.arguments import positive_float, positive_int, queue_name
+from django_jobstate.management.arguments import (
+    port_number,
+    positive_float,
+    positive_int,
+    queue_name,
+)
 from django_jobstate.supervisor import Supervisor, configure_logging
+
+if TYPE_CHECKING:
+    from django_jobstate.metrics import Exporter
 
 logger = logging.getLogger("django_jobstate.worker")
 
@@ -55,10 +64,23 @@ class Command(BaseCommand):
             help="Start worker names with ID (default: host:pid); a random part follows, so "
             "that two runjobs given the same ID never share a name.",
         )
+        parser.add_argument(
+            "--metrics-port",
+            type=port_number,
+            metavar="PORT",
+            help="Serve Prometheus metrics of all the workers at http://127.0.0.1:PORT/metrics "
+            "(0: any free port, logged). Needs prometheus-client: django-jobstate[metrics].",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
         refuse_to_start(options["queues"], burst=options["burst"])
+        if options["metrics_port"] is not None and not importlib.util.find_spec(
+            "prometheus_client"
+        ):
+            raise CommandError(
+                "--metrics-port needs prometheus-client: pip install 'django-jobstate[metrics]'."
+            )
         supervisor = Supervisor(
             concurrency=options["concurrency"],
             worker_id=options["worker_id"],
@@ -68,23 +90,34 @@ class Command(BaseCommand):
             burst=options["burst"],
             max_jobs=options["max_jobs"],
         )
+        exporter = self._start_metrics(options["metrics_port"], supervisor)
         forced: list[int] = []
 
         def on_signal(signum: int, frame: FrameType | None) -> None:
             name = signal.Signals(signum).name
             if not supervisor.stopping:
                 logger.warning(
-                    "%s received: finishing the jobs in hand (send it again to stop at once)", name
+                    "%s received: finishing the jobs in hand (send it again to stop at once)",
+                    name,
+                    extra={"event": "supervisor.signal", "signal": name},
                 )
                 supervisor.stop()
             else:
-                logger.warning("%s received again: stopping at once", name)
+                logger.warning(
+                    "%s received again: stopping at once",
+                    name,
+                    extra={"event": "supervisor.signal", "signal": name},
+                )
                 forced.append(signum)
                 supervisor.interrupt()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
-        supervisor.run()
+        try:
+            supervisor.run()
+        finally:
+            if exporter:
+                exporter.close()
         if forced:  # as a shell reports a process ended by that signal
             raise CommandError(
                 "Stopped at once: the running attempts failed as interrupted.",
@@ -96,6 +129,23 @@ class Command(BaseCommand):
                 "known to be done; see the errors above.",
                 returncode=3,
             )
+
+    def _start_metrics(self, port: int | None, supervisor: Supervisor) -> "Exporter | None":
+        """Serve --metrics-port; before any worker starts, as they inherit its directory."""
+        if port is None:
+            return None
+        from django_jobstate.metrics import Exporter
+
+        try:
+            exporter = Exporter(port, workers=lambda: len(supervisor.workers))
+        except OSError as exc:
+            raise CommandError(f"--metrics-port {port}: cannot serve on it: {exc}") from None
+        logger.info(
+            "Metrics at http://127.0.0.1:%d/metrics",
+            exporter.port,
+            extra={"event": "metrics.serving", "port": exporter.port},
+        )
+        return exporter
 
 
 def refuse_to_start(queues: list[str] | None, *, burst: bool) -> None:
@@ -123,7 +173,12 @@ def refuse_to_start(queues: list[str] | None, *, burst: bool) -> None:
                 f"A burst run could not reach the database {db!r}: {exc}", returncode=3
             ) from None
         # A long-running runjobs waits for it (a failover, a restart during a deploy).
-        logger.warning("Database %r unavailable (%s); the workers will retry", db, exc)
+        logger.warning(
+            "Database %r unavailable (%s); the workers will retry",
+            db,
+            exc,
+            extra={"event": "runjobs.database_unavailable"},
+        )
         return
     finally:
         connections[db].close()  # spawned workers open their own
@@ -139,4 +194,5 @@ def refuse_to_start(queues: list[str] | None, *, burst: bool) -> None:
             "wait for jobs that enqueue() refuses",
             name,
             ", ".join(sorted(known)),
+            extra={"event": "runjobs.unknown_queue", "queue": name},
         )

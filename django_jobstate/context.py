@@ -1,0 +1,33 @@
+"""What a task declared with `takes_context=True` receives when this backend runs it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from django.tasks import TaskContext
+
+if TYPE_CHECKING:
+    from .models import Job
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStateContext(TaskContext):  # type: ignore[misc]  # frozen at runtime, not in the stubs
+    """Django's TaskContext, plus the job's `metadata` and a way to save it.
+
+    `metadata` is the dict given at enqueue (`task.using(metadata={...})`), as the previous
+    attempt left it; change it in place and call save_metadata() to store it, e.g. progress:
+    `context.metadata["progress"] = "42 of 100 rows"`.
+    """
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+    _job: Job | None = field(default=None, repr=False, compare=False)
+
+    def save_metadata(self) -> None:
+        """Store `metadata` on the attempt, only while it is still this worker's: raises
+        LostRace (and stores nothing) once it was failed as lost, timed out or cancelled."""
+        if self._job is None:
+            raise RuntimeError("save_metadata() needs a job run by a django_jobstate worker.")
+        from .models import Job
+
+        Job.objects.save_metadata(self._job, self.metadata)
