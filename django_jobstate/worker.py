@@ -32,14 +32,15 @@ from django.db import (
     transaction,
 )
 from django.db.models.functions import Now
-from django.tasks import Task, TaskContext, TaskResult
+from django.tasks import Task, TaskResult
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
 from .backend import JobStateBackend, load_task, to_task_result
 from .conf import get_settings
-from .exceptions import JobTimeout, LostRace
+from .context import JobStateContext
+from .exceptions import JobCancelled, JobTimeout, LostRace
 from .ledger import Ledger
 from .managers import ClaimKey, claim_key, describe_error
 from .models import Job
@@ -126,6 +127,7 @@ class Worker:
         self._average_duration: float | None = None
         self._from_key: ClaimKey | None = None
         self._rescan_at = 0.0
+        self._queue_names: list[str] = []  # serving all queues: those seen with jobs
 
     def stop(self) -> None:
         """Finish the attempts in hand, claim no more."""
@@ -146,7 +148,7 @@ class Worker:
         if watchdog:
             watchdog.beat()  # register; if the database is away, the next beat will
             watchdog.start()
-        waiter = Waiter(self._stopping, using=self.db)
+        waiter = Waiter(self._stopping, using=self.db, queues=self.queues)
         try:
             while not self.stopping and not self.reached_max_jobs:
                 if self.parent is not None and os.getppid() != self.parent:
@@ -217,7 +219,14 @@ class Worker:
         return jobs
 
     def _claim_from(self, from_key: ClaimKey | None, limit: int) -> list[Job]:
-        jobs = Job.objects.claim(self.worker_id, queues=self.queues, limit=limit, from_key=from_key)
+        queues = self.queues
+        if queues is None:
+            # Serving every queue: claim from those that had jobs when it last looked from
+            # the head; a new queue's jobs wait at most as long as a key's (RESCAN_AFTER).
+            if from_key is None:
+                self._queue_names = Job.objects.queue_names()
+            queues = self._queue_names
+        jobs = Job.objects.claim(self.worker_id, queues=queues, limit=limit, from_key=from_key)
         if from_key is None:
             self._rescan_at = time.monotonic() + RESCAN_AFTER
         return jobs
@@ -278,11 +287,14 @@ class Worker:
                 task, result = self._retrying(functools.partial(self._prepare, job))
         except Exception as exc:  # not a task, or a row that cannot run: nothing ran
             return Outcome(job, time.monotonic(), time.monotonic(), error=exc)
+        if self.ledger.cancel_requested(index):  # cancelled while held: never begin it
+            cancelled = JobCancelled("it was cancelled before it started")
+            return Outcome(job, time.monotonic(), time.monotonic(), error=cancelled)
         if not self.ledger.start(index, job.timeout):  # the deadline starts with the body
             return None
         started = time.monotonic()
         try:
-            value, written = self._call(job, task, result)
+            value, written = self._call(job, task, result, index)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             outcome = Outcome(job, started, time.monotonic(), error=exc)
         else:
@@ -313,7 +325,7 @@ class Worker:
             )
         return task, to_task_result([*self._previous_attempts(job), job], task)
 
-    def _call(self, job: Job, task: Task, result: TaskResult) -> tuple[object, bool]:
+    def _call(self, job: Job, task: Task, result: TaskResult, index: int) -> tuple[object, bool]:
         """Run the body; return its value, and whether its success is already written.
 
         An atomic task's body runs in a transaction that also writes its success, fenced
@@ -321,7 +333,10 @@ class Worker:
         timed out), LostRace rolls back the body's writes with it.
         """
         task_started.send(JobStateBackend, task_result=result)
-        args: tuple[object, ...] = (TaskContext(task_result=result),) if task.takes_context else ()
+        args: tuple[object, ...] = ()
+        if task.takes_context:
+            flag = functools.partial(self.ledger.cancel_requested, index)
+            args = (JobStateContext(task_result=result, cancel_flag=flag),)
         if not getattr(task, "atomic", False):
             value = task.call(*args, *job.args, **job.kwargs)
             return encode_payload(value, "The task's return value")[0], False
