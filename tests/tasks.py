@@ -307,3 +307,26 @@ def echo(value: object) -> object:
 @task
 def returns_nan_in_a_list() -> list[float]:
     return [float("nan")]
+
+
+@task(takes_context=True, max_attempts=3, backoff=0)
+def stops_when_cancelled(context: TaskContext, label: str) -> None:
+    """Record its start, then work in small steps, stopping at a cancel request."""
+    Execution.objects.create(label=f"{label}:started")
+    while True:
+        context.raise_if_cancelled()  # type: ignore[attr-defined]
+        time.sleep(0.01)
+
+
+@task(max_attempts=3, backoff=0)
+def never_returns(label: str) -> None:
+    """Record its start, then spin without ever looking at a cancel request."""
+    Execution.objects.create(label=f"{label}:started")
+    while True:
+        pass
+
+
+@task(max_attempts=3, backoff=0, queue_name="emails")
+def record_in_emails(label: str) -> str:
+    Execution.objects.create(label=label)
+    return label
