@@ -37,7 +37,8 @@ def test_no_claim_takes_a_paused_queues_jobs_until_it_is_resumed(caplog):
     assert Job.objects.claim("w", queues=["emails"], limit=10) == []
     assert Job.objects.claim("w", queues=["emails", "default"], limit=10) == []
     queue = JobQueue.objects.get(name="emails")
-    assert queue.paused and queue.changed_by == "cli:ops"
+    assert queue.paused
+    assert queue.changed_by == "cli:ops"
     assert "Queue 'emails' paused by cli:ops" in caplog.text
 
     backend().pause_queue("emails")  # again: still paused since the first time
