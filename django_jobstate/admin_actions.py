@@ -244,9 +244,7 @@ class JobActions(_Base):
         if not BooleanField().to_python(request.POST.get("select_across")):
             # The jobs ticked, wherever they are now: one claimed since the list was shown
             # (filtered on "queued") is asked to stop, not skipped.
-            queryset = self.get_queryset(request).filter(
-                pk__in=request.POST.getlist(ACTION_CHECKBOX_NAME)
-            )
+            queryset = Job.objects.filter(pk__in=request.POST.getlist(ACTION_CHECKBOX_NAME))
         outcomes = [self.cancel_by_hand(request, job) for job in queryset.live()]
         done = sum(outcome != CancelOutcome.FINISHED for outcome in outcomes)
         verb = ngettext(

@@ -8,7 +8,6 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.db import OperationalError, connection
-from django.db.models.signals import pre_delete
 from django.forms.models import model_to_dict
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -16,7 +15,6 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_jobstate import admin_filters
-from django_jobstate.exceptions import LostRace
 from django_jobstate.models import Job, JobQueue
 from django_jobstate.states import State
 from tests import tasks
@@ -892,7 +890,8 @@ def test_the_queues_page_lists_every_known_queue_and_pauses_and_resumes_them(cli
     assert messages_of(response) == ["Paused 1 queue: emails."]
     assert "paused since" in response.content.decode()
     queue = JobQueue.objects.get(name="emails")
-    assert queue.paused and queue.changed_by == f"admin:{user.username}"
+    assert queue.paused
+    assert queue.changed_by == f"admin:{user.username}"
     assert Job.objects.claim("w", queues=["emails"]) == []
     assert LogEntry.objects.get(user=user).change_message == "Paused"
 

@@ -47,19 +47,20 @@ class Command(BaseCommand):
     def list(self, *, as_json: bool) -> None:
         counts = Job.objects.live().counts_by_queue()
         rows = {queue.name: queue for queue in JobQueue.objects.all()}
-        queues = [
-            {
-                "name": name,
-                "paused": name in rows and rows[name].paused,
-                "paused_at": rows[name].paused_at.isoformat()
-                if name in rows and rows[name].paused_at
-                else None,
-                "changed_by": rows[name].changed_by if name in rows else "",
-                "queued": counts.get(name, {}).get(State.QUEUED, 0),
-                "running": counts.get(name, {}).get(State.RUNNING, 0),
-            }
-            for name in sorted(set(counts) | set(rows))
-        ]
+        queues = []
+        for name in sorted(set(counts) | set(rows)):
+            row = rows.get(name)
+            paused_at = row.paused_at if row is not None else None
+            queues.append(
+                {
+                    "name": name,
+                    "paused": paused_at is not None,
+                    "paused_at": paused_at.isoformat() if paused_at else None,
+                    "changed_by": row.changed_by if row is not None else "",
+                    "queued": counts.get(name, {}).get(State.QUEUED, 0),
+                    "running": counts.get(name, {}).get(State.RUNNING, 0),
+                }
+            )
         if as_json:
             self.stdout.write(json.dumps(queues, indent=2))
             return
