@@ -43,7 +43,7 @@ from .context import JobStateContext
 from .exceptions import JobCancelled, JobTimeout, LostRace
 from .ledger import Ledger
 from .managers import ClaimKey, claim_key, describe_error
-from .models import Job
+from .models import Job, JobQueue
 from .payload import encode_payload
 from .states import FailureReason, State
 from .wakeup import Waiter
@@ -169,12 +169,13 @@ class Worker:
 
     def _due_soon(self) -> bool:
         """Whether a queued job (say, a retry waiting for its backoff) is due within
-        BURST_HORIZON seconds: a --burst run waits for it instead of exiting."""
+        BURST_HORIZON seconds, not in a paused queue: a --burst run waits for it instead
+        of exiting."""
         horizon = Now() + timedelta(seconds=BURST_HORIZON)
+        paused = JobQueue.objects.filter(paused_at__isnull=False).values("name")
+        jobs = Job.objects.queued().filter(run_after__lte=horizon).for_queues(self.queues)
         try:
-            return (
-                Job.objects.queued().filter(run_after__lte=horizon).for_queues(self.queues).exists()
-            )
+            return jobs.exclude(queue_name__in=paused).exists()  # a paused queue waits
         except DatabaseError:
             connections[self.db].close()
             return True  # the next claim says what is wrong

@@ -5,10 +5,11 @@ import json
 import os
 import random
 import statistics
+import threading
 import time
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.tasks import TaskResultStatus, task_backends
 
 from django_jobstate.exceptions import JobCancelled
@@ -154,3 +155,41 @@ def test_cancel_racing_the_claim_each_job_ran_or_was_cancelled(runjobs):
     print(f"\n{connection.vendor}: {outcomes}")
     assert outcomes["cancelled before it started"] > 0, outcomes
     assert outcomes["ran"] > jobs / 2, outcomes  # the half never cancelled, and those too late
+
+
+def test_a_burst_run_exits_though_a_paused_queue_has_jobs(runjobs):
+    tasks.record.enqueue("paused")
+    tasks.email.enqueue("ada@example.com")
+    backend().pause_queue("default")
+    assert runjobs.run("--burst", timeout=30).returncode == 0
+    assert backend().get_result(Job.objects.get(queue_name="default").result_id.hex)
+    assert Job.objects.get(queue_name="default").state == State.QUEUED
+    assert Job.objects.get(queue_name="emails").state == State.SUCCEEDED
+
+
+def test_a_worker_run_in_process_passes_the_request_to_a_cooperative_task():
+    """No supervisor: the worker's watchdog thread reads requests at its heartbeats."""
+    from django_jobstate.worker import Worker
+
+    result = tasks.stops_when_cancelled.enqueue("in-process")
+    worker = Worker(burst=True)
+
+    def run() -> None:
+        try:
+            worker.run()
+        finally:
+            connections.close_all()  # this thread's own connection
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    try:
+        wait_for(lambda: started("in-process"))
+        backend().cancel(result.id)
+        thread.join(timeout=GRACE + 10)
+        assert not thread.is_alive()
+    finally:
+        worker.stop()
+        thread.join(timeout=30)
+    attempt = Job.objects.get(result_id=result.id)
+    assert (attempt.state, attempt.failure_reason) == (State.FAILED, FailureReason.CANCELLED)
+    assert attempt.error_class == "django_jobstate.exceptions.JobCancelled"
