@@ -4,8 +4,9 @@ States move only through the conditional writes in managers/. No form saves anyt
 the actions (admin_actions.py) call those writes.
 
 Permissions: `view_job` shows jobs. `change_job` allows the Retry and Run now actions (the
-job page stays read-only for everyone, superusers included). `delete_job` allows cancelling,
-which deletes a job only while it is queued: from the Cancel action or a queued job's page.
+job page stays read-only for everyone, superusers included). `delete_job` allows cancelling
+(the Cancel action, or a live job's Cancel button), which deletes nothing: a queued job
+fails as cancelled, a running one is asked to stop. No job is ever deleted from the admin.
 """
 
 import json
@@ -14,7 +15,6 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin
-from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
@@ -35,7 +35,6 @@ from .admin_filters import (
     state_counts,
 )
 from .admin_page import failure_html, page_context
-from .exceptions import LostRace
 from .models import Job
 from .states import State
 
@@ -64,7 +63,7 @@ FIELDSETS = [
         {
             "fields": [
                 *["queue_name", "priority", "backend", "run_after", "enqueued_at"],
-                *["started_at", "finished_at", "duration", "worker_id"],
+                *["started_at", "finished_at", "duration", "worker_id", "cancel_requested_at"],
             ]
         },
     ),
@@ -134,19 +133,7 @@ class JobAdmin(JobActions, admin.ModelAdmin):
         return False  # no form writes a job: states move only through conditional writes
 
     def has_delete_permission(self, request: HttpRequest, obj: Job | None = None) -> bool:
-        # Only one queued job at a time, from its page: the bulk delete is the Cancel
-        # action, which reports the jobs a worker claimed first.
-        if obj is None or obj.state != State.QUEUED or not self.has_view_permission(request):
-            return False
-        return super().has_delete_permission(request, obj)
-
-    def delete_model(self, request: HttpRequest, obj: Job) -> None:
-        try:
-            Job.objects.cancel(obj)
-        except LostRace as exc:
-            # A worker claimed it after this request read it: refuse, and the view's
-            # transaction drops its log entry of a deletion that did not happen.
-            raise PermissionDenied(str(exc)) from None
+        return False  # a job's record stays: cancelling is the Cancel action and button
 
     # The list.
 
@@ -156,9 +143,14 @@ class JobAdmin(JobActions, admin.ModelAdmin):
 
     @admin.display(description=_("state"), ordering="state")
     def state_badge(self, job: Job) -> str:
-        return format_html(
+        badge = format_html(
             '<span class="jobstate-badge jobstate-{}">{}</span>', job.state, job.get_state_display()
         )
+        if job.state == State.RUNNING and job.cancel_requested_at is not None:
+            ago = format_duration(timezone.now() - job.cancel_requested_at)
+            note = _("cancel requested %(ago)s ago") % {"ago": ago}
+            return format_html('{} <span class="jobstate-cancel">{}</span>', badge, note)
+        return badge
 
     @admin.display(description=_("failure"))
     def failure(self, job: Job) -> str | None:
@@ -275,3 +267,6 @@ class JobAdmin(JobActions, admin.ModelAdmin):
         if not job.traceback:
             return self.get_empty_value_display()
         return format_html('<pre class="jobstate-pre jobstate-traceback">{}</pre>', job.traceback)
+
+
+from . import admin_queues  # noqa: E402, F401  (registers the Queues page)

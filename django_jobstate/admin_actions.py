@@ -24,7 +24,9 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
+from .conf import get_settings
 from .exceptions import JobAlreadyEnqueued, LostRace
+from .managers import CancelOutcome
 from .models import Job
 from .querysets import JobQuerySet
 from .states import LIVE_STATES, State
@@ -42,6 +44,11 @@ MAX_NAMED = 10
 MAX_LISTED = 100
 # The admin log's entry for the new attempt: the job page reads it as "retried by hand".
 RETRY_LOG = "Retry of job %(pk)d"
+# The admin log's entry of a cancel: the job page reads it to say who asked.
+CANCEL_LOG = {
+    CancelOutcome.CANCELLED: "Cancelled job %(pk)d (queued)",
+    CancelOutcome.REQUESTED: "Asked running job %(pk)d to stop",
+}
 
 
 def state_phrase(job: Job) -> "StrOrPromise":
@@ -66,6 +73,8 @@ class JobActions(_Base):
         return super().has_change_permission(request)
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
+        """Cancel: the model's delete permission (a cancel deletes nothing: the job is
+        kept as a record; the permission is the one that cancelled jobs before)."""
         return super().has_delete_permission(request)
 
     def get_urls(self) -> list[URLPattern]:
@@ -75,7 +84,12 @@ class JobActions(_Base):
             self.admin_site.admin_view(self.retry_view),  # login, staff, CSRF
             name="{}_{}_retry".format(*info),
         )
-        return [retry, *super().get_urls()]  # before the admin's catch-all <object_id>/
+        cancel = path(
+            "<path:object_id>/cancel/",
+            self.admin_site.admin_view(self.cancel_view),
+            name="{}_{}_cancel".format(*info),
+        )
+        return [retry, cancel, *super().get_urls()]  # before the catch-all <object_id>/
 
     def change_url(self, job: Job) -> str:
         name = f"admin:{self.opts.app_label}_{self.opts.model_name}_change"
@@ -240,27 +254,57 @@ class JobActions(_Base):
         )
         self.report(request, verb, selected, moved, _("no longer queued"))
 
-    @admin.action(
-        description=gettext_lazy("Cancel the selected queued jobs"), permissions=["cancel"]
-    )
+    @admin.action(description=gettext_lazy("Cancel the selected jobs"), permissions=["cancel"])
     def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
+        """Queued jobs fail as cancelled (never started, kept as a record); running ones
+        are asked to stop, and stopped after JOBSTATE_CANCEL_GRACE."""
         selected = self.selected_count(request, queryset)
-        cancelled = []
-        for job in queryset.queued():
-            try:
-                Job.objects.cancel(job)
-            except LostRace:
-                continue
-            cancelled.append(job)
-        if cancelled:
-            # The rows are gone: log the jobs as read (the default log_deletions() only iterates).
-            self.log_deletions(request, cancelled)  # type: ignore[arg-type]
+        if not BooleanField().to_python(request.POST.get("select_across")):
+            # The jobs ticked, wherever they are now: one claimed since the list was shown
+            # (filtered on "queued") is asked to stop, not skipped.
+            queryset = Job.objects.filter(pk__in=request.POST.getlist(ACTION_CHECKBOX_NAME))
+        outcomes = [self.cancel_by_hand(request, job) for job in queryset.live()]
+        done = sum(outcome != CancelOutcome.FINISHED for outcome in outcomes)
         verb = ngettext(
             "Cancelled %(done)d of %(selected)d selected job",
             "Cancelled %(done)d of %(selected)d selected jobs",
             selected,
         )
-        self.report(request, verb, selected, len(cancelled), _("no longer queued"))
+        requested = outcomes.count(CancelOutcome.REQUESTED)
+        if requested:
+            verb += " " + _("(%(requested)d running: asked to stop)") % {"requested": requested}
+        self.report(request, verb, selected, done, _("already finished"))
+
+    def cancel_by_hand(self, request: HttpRequest, job: Job) -> CancelOutcome:
+        outcome = Job.objects.cancel(job)
+        if outcome != CancelOutcome.FINISHED:
+            message = CANCEL_LOG[outcome] % {"pk": job.pk}
+            self.log_change(request, job, message)
+        return outcome
+
+    def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The Cancel button of a queued or running job's page: POST only."""
+        if request.method != "POST":
+            return HttpResponseNotAllowed(["POST"])
+        job = self.get_object(request, unquote(object_id))
+        if job is None:
+            gone = _("Job #%(pk)s does not exist (anymore: a prune may have deleted it).")
+            self.message_user(request, gone % {"pk": object_id}, messages.WARNING)
+            return redirect(self.changelist_url())
+        if not (self.has_view_permission(request, job) and self.has_cancel_permission(request)):
+            raise PermissionDenied
+        outcome = self.cancel_by_hand(request, job)
+        text = {
+            CancelOutcome.CANCELLED: _("Job #%(pk)d was cancelled: it will never run."),
+            CancelOutcome.REQUESTED: _(
+                "Job #%(pk)d is running: it was asked to stop, and will be stopped if it "
+                "has not within %(grace)g seconds."
+            ),
+            CancelOutcome.FINISHED: _("Job #%(pk)d had already finished: nothing to cancel."),
+        }[outcome] % {"pk": job.pk, "grace": get_settings().CANCEL_GRACE}
+        level = messages.WARNING if outcome == CancelOutcome.FINISHED else messages.SUCCESS
+        self.message_user(request, text, level)
+        return redirect(self.change_url(job))
 
     def selected_count(self, request: HttpRequest, queryset: QuerySet[Job]) -> int:
         """How many jobs the operator selected, including any gone by now."""

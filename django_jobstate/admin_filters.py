@@ -143,6 +143,7 @@ FAILURE_LABELS = {
     FailureReason.LOST: _("lost"),
     FailureReason.INTERRUPTED: _("interrupted"),
     FailureReason.RELEASED: _("released (never started)"),
+    FailureReason.CANCELLED: _("cancelled"),
 }
 
 

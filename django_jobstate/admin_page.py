@@ -3,7 +3,7 @@ Retry button would do (or why it is not offered)."""
 
 from typing import TYPE_CHECKING, Any
 
-from django.contrib.admin.models import ADDITION, LogEntry
+from django.contrib.admin.models import ADDITION, CHANGE, LogEntry
 from django.contrib.contenttypes.models import ContentType
 from django.http import HttpRequest
 from django.urls import reverse
@@ -13,7 +13,7 @@ from django.utils.translation import gettext as _
 
 from .admin_filters import FAILURE_LABELS
 from .models import Job
-from .states import FailureReason, State
+from .states import LIVE_STATES, FailureReason, State
 
 if TYPE_CHECKING:
     from .admin import JobAdmin
@@ -82,7 +82,7 @@ def page_context(
         attempt.origin_text = texts.get(attempt.pk, "")  # type: ignore[attr-defined]
         attempt.failure_html = failure_html(attempt)  # type: ignore[attr-defined]
         attempt.duration_text = model_admin.duration(attempt)  # type: ignore[attr-defined]
-    context: dict[str, Any] = {"attempts": attempts}
+    context: dict[str, Any] = {"attempts": attempts, **cancel_context(model_admin, request, job)}
     if job.state != State.FAILED:
         return context
     refusal = model_admin.why_not_retried(job, attempts)
@@ -104,4 +104,42 @@ def page_context(
         context["retry_label"] = _("Retry: queue attempt %(attempt)d") % {
             "attempt": job.attempt + 1
         }
+    return context
+
+
+def cancel_context(model_admin: "JobAdmin", request: HttpRequest, job: Job) -> dict[str, Any]:
+    """The Cancel button of a live job, and who asked to cancel it (the admin's log)."""
+    context: dict[str, Any] = {}
+    if job.cancel_requested_at is not None:
+        entry = (
+            LogEntry.objects.filter(
+                content_type=ContentType.objects.get_for_model(Job),
+                object_id=str(job.pk),
+                action_flag=CHANGE,
+            )
+            .select_related("user")
+            .order_by("action_time")
+            .first()
+        )
+        who = entry.user.get_username() if entry else _("code or the command line")
+        context["cancel_note"] = _("Cancel requested %(when)s by %(who)s.") % {
+            "when": job.cancel_requested_at.strftime("%Y-%m-%d %H:%M:%S"),
+            "who": who,
+        }
+    live = job.state in LIVE_STATES and job.cancel_requested_at is None
+    may = model_admin.has_view_permission(request, job) and model_admin.has_cancel_permission(
+        request
+    )
+    if live and may:
+        opts = model_admin.opts
+        context["cancel_url"] = reverse(
+            f"admin:{opts.app_label}_{opts.model_name}_cancel",
+            args=[job.pk],
+            current_app=model_admin.admin_site.name,
+        )
+        context["cancel_label"] = (
+            _("Cancel: it will never run")
+            if job.state == State.QUEUED
+            else _("Cancel: ask it to stop")
+        )
     return context

@@ -251,6 +251,36 @@ class JobStateBackend(BaseTaskBackend):
             raise TaskResultDoesNotExist(result_id)
         return to_task_result(attempts)
 
+    def cancel(self, result_id: str) -> TaskResult:
+        """Cancel the task's live attempt and return its TaskResult (read after the cancel).
+
+        Queued (a first attempt, or a retry waiting): it fails as cancelled at once and
+        never runs; the result is FAILED. Running: the task is asked to stop (its context
+        says so) and is stopped JOBSTATE_CANCEL_GRACE seconds later; the result stays
+        RUNNING until then, and is FAILED (or SUCCESSFUL, if the task returned first).
+        Finished: nothing changes. Never retried once cancelled.
+        """
+        from .models import Job
+
+        try:
+            Job.objects.cancel_task(uuid.UUID(str(result_id)))
+        except (ValueError, ValidationError, Job.DoesNotExist):
+            raise TaskResultDoesNotExist(result_id) from None
+        return self.get_result(result_id)
+
+    def pause_queue(self, name: str, *, by: str = "") -> None:
+        """Stop every worker from claiming queue `name`'s jobs until resume_queue(name);
+        stored in the database (survives restarts). Running jobs finish."""
+        from .models import JobQueue
+
+        JobQueue.objects.pause(name, by=by or "code")
+
+    def resume_queue(self, name: str, *, by: str = "") -> None:
+        """Let workers claim queue `name`'s jobs again."""
+        from .models import JobQueue
+
+        JobQueue.objects.resume(name, by=by or "code")
+
     def check(self, **kwargs: Any) -> list[CheckMessage]:
         if apps.is_installed("django_jobstate"):
             return []
@@ -316,7 +346,8 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
         errors=[
             TaskError(exception_class_path=a.error_class, traceback=a.traceback)
             for a in attempts
-            # An attempt released unstarted raised nothing: its task never ran.
+            # An attempt released unstarted raised nothing: its task never ran. (One
+            # cancelled before it started has an error: JobCancelled, the reason it failed.)
             if a.state == State.FAILED and a.failure_reason != FailureReason.RELEASED
         ],
         # The check constraints give every started attempt a worker_id.

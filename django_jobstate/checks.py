@@ -33,8 +33,9 @@ NUMBERS = {
     for name, hint in get_type_hints(Settings).items()
     if (types := set(get_args(hint) or [hint])) - {type(None)} <= {int, float}
 }
-# A backoff of 0 retries at once, as @task(backoff=0) does.
-ZERO_ALLOWED = {"DEFAULT_BACKOFF", "MAX_BACKOFF"}
+# A backoff of 0 retries at once, as @task(backoff=0) does; a grace of 0 stops a
+# cancelled attempt at once.
+ZERO_ALLOWED = {"DEFAULT_BACKOFF", "MAX_BACKOFF", "CANCEL_GRACE"}
 MAX_ATTEMPTS_LIMIT = 1000  # as for @task(max_attempts=...)
 BACKEND_PATH = f"{JobStateBackend.__module__}.{JobStateBackend.__qualname__}"
 

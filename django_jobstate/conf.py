@@ -24,6 +24,9 @@ class Settings:
     DEFAULT_TIMEOUT: float | None = None
     # Largest delay, in seconds, between two attempts of a task.
     MAX_BACKOFF: float = 3600.0
+    # Seconds a running attempt that someone cancelled may take to stop on its own (its
+    # context says so) before its worker process is stopped, as at a timeout.
+    CANCEL_GRACE: float = 30.0
     # Dotted paths of modules that define tasks, besides every installed app's `tasks`
     # module: the only modules a worker imports to find a job's task (loading.py).
     TASK_MODULES: Sequence[str] = ()
@@ -47,6 +50,7 @@ MAXIMUM = {
     "DEFAULT_BACKOFF": YEAR,
     "DEFAULT_TIMEOUT": YEAR,
     "MAX_BACKOFF": YEAR,
+    "CANCEL_GRACE": DAY,
 }
 LIMIT_NAMES = {DAY: "a day", YEAR: "a year"}
 

@@ -9,6 +9,7 @@ __all__ = [
     "InvalidTask",
     "InvalidTransition",
     "JobAlreadyEnqueued",
+    "JobCancelled",
     "JobTimeout",
     "LostRace",
     "WorkerInterrupted",
@@ -52,3 +53,10 @@ class WorkerLost(Exception):
 
 class WorkerInterrupted(Exception):
     """The worker was told to stop at once while the attempt was running."""
+
+
+class JobCancelled(Exception):
+    """Someone cancelled the attempt: it never started, or it was asked to stop.
+
+    A task that takes the context raises it with `context.raise_if_cancelled()`.
+    """

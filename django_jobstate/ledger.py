@@ -7,6 +7,8 @@ extension, a catastrophic regular expression): to stop that attempt by killing t
 process, to hand back attempts held behind a slow one, and, when the process ends, to
 fail only what it started and hand back what it never began. So the worker writes each
 step here, in shared memory, before it takes it; reading needs nothing from the worker.
+The supervisor writes one thing back: that someone asked to cancel an attempt (a flag
+the task reads through its context, and an earlier deadline for the one in hand).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import math
 import time
 from ctypes import c_byte, c_double, c_longlong
 from multiprocessing.context import BaseContext
+
+from .conf import get_settings
 
 # A held attempt's mark. HELD: claimed, not started. STARTED: its body may have run.
 # RELEASED: the supervisor took it back before it started; the worker must not start it.
@@ -35,6 +39,7 @@ class Ledger:
         self._lock = context.Lock()
         self._pks = context.RawArray(c_longlong, size)  # 0: an empty place
         self._marks = context.RawArray(c_byte, size)
+        self._cancel = context.RawArray(c_byte, size)  # 1: someone asked to cancel it
         # The attempt in hand: its place (-1: none), start and deadline (monotonic clock,
         # which is one clock for all processes of the machine).
         self._current = context.RawValue(c_longlong, -1)
@@ -51,6 +56,7 @@ class Ledger:
             for index in range(self.size):
                 self._pks[index] = pks[index] if index < len(pks) else 0
                 self._marks[index] = HELD
+                self._cancel[index] = 0
 
     def start(self, index: int, timeout: float | None) -> bool:
         """Start the batch's attempt at `index`, unless the supervisor took it back."""
@@ -60,6 +66,8 @@ class Ledger:
             self._marks[index] = STARTED
             now = time.monotonic()
             self._times[0], self._times[1] = now, math.inf if timeout is None else now + timeout
+            if self._cancel[index]:  # asked to cancel as it started: the grace runs from now
+                self._times[1] = min(self._times[1], now + get_settings().CANCEL_GRACE)
             self._current.value = index
             return True
 
@@ -81,6 +89,22 @@ class Ledger:
                 return None
             self._times[1] = math.inf
             return int(self._pks[index])
+
+    def request_cancel(self, pk: int, stop_at: float) -> bool:
+        """Flag held attempt `pk` as cancelled; if it is the one in hand, stop it by
+        `stop_at` (monotonic) at the latest. False if this ledger does not hold it."""
+        with self._lock:
+            for index in range(self.size):
+                if self._pks[index] == pk and self._marks[index] != RELEASED:
+                    self._cancel[index] = 1
+                    if self._current.value == index:
+                        self._times[1] = min(self._times[1], stop_at)
+                    return True
+            return False
+
+    def cancel_requested(self, index: int) -> bool:
+        """Whether someone asked to cancel the batch's attempt at `index` (no lock: a flag)."""
+        return bool(self._cancel[index])
 
     def next_deadline(self) -> float:
         return self._times[1] if self._current.value >= 0 else math.inf

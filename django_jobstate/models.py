@@ -8,11 +8,13 @@ from django.utils.translation import gettext_lazy as _
 
 from .heartbeats import WorkerHeartbeatManager
 from .managers import JobManager
+from .queues import JobQueueManager
 from .states import LIVE_STATES, FailureReason, State
 from .uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 
 _STARTED = Q(started_at__isnull=False, worker_id__isnull=False)
 _NOT_FAILED = Q(failure_reason="")
+_CANCELLED = Q(failure_reason=FailureReason.CANCELLED)
 
 
 class Job(models.Model):
@@ -112,6 +114,11 @@ class Job(models.Model):
     )
     # The W3C trace context of the enqueue, with JOBSTATE_TRACING (tracing.py); NULL without.
     trace_context = models.JSONField(_("trace context"), null=True, blank=True, editable=False)
+    # When someone asked to cancel this attempt (database clock): set with the move to
+    # failed for a queued one, alone for a running one (its worker is asked to stop).
+    cancel_requested_at = models.DateTimeField(
+        _("cancel requested at"), null=True, blank=True, editable=False
+    )
 
     objects = JobManager()
 
@@ -133,7 +140,8 @@ class Job(models.Model):
             # The fields each state implies.
             models.CheckConstraint(
                 condition=~Q(state=State.QUEUED)
-                | Q(started_at=None, finished_at=None, worker_id=None) & _NOT_FAILED,
+                | Q(started_at=None, finished_at=None, worker_id=None, cancel_requested_at=None)
+                & _NOT_FAILED,
                 name="jobstate_job_queued_fields",
             ),
             models.CheckConstraint(
@@ -145,9 +153,14 @@ class Job(models.Model):
                 | _STARTED & Q(finished_at__isnull=False) & _NOT_FAILED,
                 name="jobstate_job_succeeded_fields",
             ),
+            # Failed: started by a worker, or cancelled while queued (never started); a
+            # cancelled attempt was asked to be.
             models.CheckConstraint(
                 condition=~Q(state=State.FAILED)
-                | _STARTED & Q(finished_at__isnull=False) & ~_NOT_FAILED,
+                | Q(finished_at__isnull=False)
+                & ~_NOT_FAILED
+                & (_STARTED | Q(started_at=None, worker_id=None) & _CANCELLED)
+                & (~_CANCELLED | Q(cancel_requested_at__isnull=False)),
                 name="jobstate_job_failed_fields",
             ),
             models.CheckConstraint(
@@ -190,10 +203,13 @@ class Job(models.Model):
             ),
         ]
         indexes = [
-            # The claim's candidates, in the claim's order; only queued rows are in it. The
+            # The claim's candidates, per queue in the claim's order; only queued rows are
+            # in it. Queue first, so that a claim from one queue never walks another's
+            # backlog (a claim from several merges their heads: managers/claim.py). The
             # order is all ascending (-priority, not priority DESC), so that a claim can
             # start from a key: JobManager.claim(from_key=...).
             models.Index(
+                F("queue_name"),
                 -F("priority"),
                 F("run_after"),
                 F("id"),
@@ -262,3 +278,29 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return self.worker_id
+
+
+class JobQueue(models.Model):
+    """A queue an operator paused (or paused once): no worker claims a paused queue's jobs.
+
+    Queues need no row to exist: a queue without one is not paused.
+    """
+
+    name = models.CharField(_("queue"), max_length=100, primary_key=True)
+    paused_at = models.DateTimeField(_("paused at"), null=True, blank=True, editable=False)
+    # Who made the last change (pause or resume), and when: "admin:alice", "cli:deploy", ...
+    changed_by = models.CharField(_("changed by"), max_length=150, blank=True, editable=False)
+    changed_at = models.DateTimeField(_("changed at"), null=True, blank=True, editable=False)
+
+    objects = JobQueueManager()
+
+    class Meta:
+        verbose_name = _("queue")
+        verbose_name_plural = _("queues")
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None

@@ -112,8 +112,12 @@ class JobQuerySet(models.QuerySet["Job"]):
             )
         workers.sort(key=lambda worker: worker["worker_id"])
         age = self.oldest_runnable_age()
+        from .models import JobQueue
+
         return {
             "queues": self.counts_by_queue(),
+            "paused_queues": sorted(JobQueue.objects.paused_names()),
+            "cancel_requested": self.running().filter(cancel_requested_at__isnull=False).count(),
             "oldest_runnable_age_seconds": None if age is None else round(age, 3),
             "workers": workers,
             "lost_workers": sum(worker["lost"] for worker in workers),

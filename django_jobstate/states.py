@@ -8,8 +8,8 @@ from django.utils.translation import gettext_lazy as _
 
 
 class State(models.TextChoices):
-    # In: enqueue() and a retry create the row here. Out: a worker's claim (running),
-    # or a cancel, which deletes the row while it is still queued.
+    # In: enqueue() and a retry create the row here. Out: a worker's claim (running), or
+    # a cancel (failed as cancelled, never started: the one move out that is not a claim).
     QUEUED = "queued", _("Queued")
     # In: claim. Out: the worker that claimed it records the outcome; a timeout, an
     # interrupted worker or the reaper of a lost worker fails it.
@@ -17,8 +17,9 @@ class State(models.TextChoices):
     # In: the worker that owns the attempt, after the task returned. Out: never.
     SUCCEEDED = "succeeded", _("Succeeded")
     # In: the owning worker (the task raised or was interrupted), its supervisor (a timeout,
-    # a dead worker process, an attempt handed back before it started) or the rescuer of a
-    # lost worker. Out: never; a retry is a new attempt row.
+    # a dead worker process, an attempt handed back before it started, a cancel), the
+    # rescuer of a lost worker, or a cancel of a queued attempt. Out: never; a retry is a
+    # new attempt row.
     FAILED = "failed", _("Failed")
 
 
@@ -30,13 +31,22 @@ class FailureReason(models.TextChoices):
     # Claimed but never started: its worker handed it back (it was held behind a slow
     # attempt, or its worker process ended first). The next attempt does not count it.
     RELEASED = "released", _("Never started; handed back to the queue")
+    # Someone cancelled it: queued (it never started), or running (asked to stop, then
+    # stopped). Whatever ends an attempt after a cancel request, it is this; never retried.
+    CANCELLED = "cancelled", _("Cancelled")
 
 
 TRANSITIONS: dict[State, frozenset[State]] = {
-    State.QUEUED: frozenset({State.RUNNING}),
+    State.QUEUED: frozenset({State.RUNNING, State.FAILED}),
     State.RUNNING: frozenset({State.SUCCEEDED, State.FAILED}),
     State.SUCCEEDED: frozenset(),
     State.FAILED: frozenset(),
+}
+
+# Moves allowed only with these failure reasons: a queued attempt fails only as cancelled,
+# since it never started (the database's failed-fields constraint says the same).
+ONLY_AS: dict[tuple[State, State], frozenset[FailureReason]] = {
+    (State.QUEUED, State.FAILED): frozenset({FailureReason.CANCELLED}),
 }
 
 TERMINAL_STATES = frozenset(state for state, nexts in TRANSITIONS.items() if not nexts)
@@ -46,8 +56,15 @@ LIVE_STATES = frozenset(State) - TERMINAL_STATES
 class InvalidTransition(Exception):
     """A move that the state machine does not allow."""
 
-    def __init__(self, current: str, new: str) -> None:
+    def __init__(self, current: str, new: str, reason: str | None = None) -> None:
         self.current, self.new = State(current), State(new)
+        only = ONLY_AS.get((self.current, self.new))
+        if only is not None and self.new in TRANSITIONS[self.current]:
+            super().__init__(
+                f"A job cannot move from {self.current.value!r} to {self.new.value!r} "
+                f"with failure reason {str(reason or '')!r}; only as: {', '.join(sorted(only))}."
+            )
+            return
         allowed = ", ".join(sorted(TRANSITIONS[self.current])) or "none (it is terminal)"
         super().__init__(
             f"A job cannot move from {self.current.value!r} to {self.new.value!r}; "
@@ -55,8 +72,9 @@ class InvalidTransition(Exception):
         )
 
 
-def check_transition(current: str, new: str) -> None:
-    """Raise InvalidTransition unless a job may move from `current` to `new`."""
+def check_transition(current: str, new: str, reason: str | None = None) -> None:
+    """Raise InvalidTransition unless a job may move from `current` to `new` (failing,
+    with failure reason `reason`)."""
     try:
         allowed = TRANSITIONS[State(current)]
         new = State(new)
@@ -64,3 +82,6 @@ def check_transition(current: str, new: str) -> None:
         raise ValueError(f"Unknown job state: {exc}. Valid states: {', '.join(State)}.") from None
     if new not in allowed:
         raise InvalidTransition(current, new)
+    only = ONLY_AS.get((State(current), new))
+    if only is not None and reason not in only:
+        raise InvalidTransition(current, new, reason)

@@ -4,7 +4,9 @@ Each worker is a child process (spawned, so it shares nothing with the superviso
 settings and its ledger). The supervisor runs no task code, so it can always act for its
 workers, whatever their tasks do to their own interpreters:
 - a monitor thread heartbeats for them and rescues the attempts of lost workers elsewhere
-  (liveness.py), and makes every other database write of the supervisor;
+  (liveness.py), makes every other database write of the supervisor, and passes cancel
+  requests for their attempts to the ledgers (at each beat; on PostgreSQL at once, woken
+  by a listener thread);
 - the main loop kills a worker whose attempt passed its deadline, takes back the attempts
   a worker holds behind a slow one, and replaces workers that ended.
 Each worker writes what it holds and starts to a ledger in shared memory (ledger.py), so
@@ -105,6 +107,7 @@ class Supervisor:
         self.interrupted = False
         self.unavailable = False  # a --burst worker could not reach the database
         self.workers: dict[str, int] = {}  # {worker_id: pid} of the live workers, for beats
+        self.ledgers: dict[str, Ledger] = {}  # {worker_id: ledger}, for cancel requests
         self._spawned = 0
         self._children: dict[int, Child] = {}
         self._respawn_at: dict[int, float] = {}
@@ -171,7 +174,8 @@ class Supervisor:
                     self._respawn_at[slot] = now + (RESPAWN_DELAY if quick else 0)
             elif (pk := child.ledger.overdue(now)) is not None:
                 logger.warning(
-                    "Worker %s: job %s passed its timeout; stopping the worker process",
+                    "Worker %s: job %s passed its timeout (or was cancelled and did not "
+                    "stop within JOBSTATE_CANCEL_GRACE); stopping the worker process",
                     child.worker_id,
                     pk,
                     extra={"event": "worker.overdue", "worker_id": child.worker_id, "job_id": pk},
@@ -192,8 +196,9 @@ class Supervisor:
                 self._spawn(slot)
 
     def _publish(self) -> None:
-        """Hand the monitor thread the workers to beat for (one assignment: no lock)."""
+        """Hand the monitor thread the workers to beat for (one assignment each: no lock)."""
         self.workers = {c.worker_id: c.process.pid or 0 for c in self._children.values()}
+        self.ledgers = {c.worker_id: c.ledger for c in self._children.values()}
 
     def _spawn(self, slot: int) -> None:
         self._spawned += 1
@@ -284,9 +289,14 @@ class Monitor(threading.Thread):
         self._wake = threading.Event()
         self._done = threading.Event()
         self._beat_now = False
+        self._cancels_now = False
 
     def beat_soon(self) -> None:
         self._beat_now = True
+        self._wake.set()
+
+    def check_cancels_soon(self) -> None:
+        self._cancels_now = True
         self._wake.set()
 
     def submit(self, write: Callable[[], None]) -> None:
@@ -295,25 +305,33 @@ class Monitor(threading.Thread):
         self._wake.set()
 
     def run(self) -> None:
+        from .cancels import CancelListener, pass_cancel_requests
         from .liveness import Pulse, close_connection
 
         pulse = Pulse(f"Supervisor {self.supervisor.base_id}")
         interval = pulse.settings.HEARTBEAT_INTERVAL
         next_beat = time.monotonic()
+        listener = CancelListener(self.check_cancels_soon)
+        listener.start()
         try:
             while True:
                 self._write_pending(close_connection)
                 if self._done.is_set() and not self._pending:
                     return
-                if time.monotonic() >= next_beat or self._beat_now:
+                beat = time.monotonic() >= next_beat or self._beat_now
+                if beat:
                     self._beat_now = False
                     next_beat = time.monotonic() + interval
                     workers = self.supervisor.workers
                     pulse.beat(workers, self.supervisor.options.get("queues"))
                     pulse.rescue(list(workers))
+                if beat or self._cancels_now:
+                    self._cancels_now = False
+                    pass_cancel_requests(self.supervisor.ledgers, pulse.name)
                 self._wake.wait(max(0.0, next_beat - time.monotonic()))
                 self._wake.clear()
         finally:
+            listener.finish()
             close_connection()
 
     def _write_pending(self, close_connection: Callable[[], None]) -> None:

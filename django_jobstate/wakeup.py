@@ -1,7 +1,10 @@
 """Wake idle workers when a job is enqueued: LISTEN/NOTIFY on PostgreSQL, polling elsewhere.
 
-The notification is sent by the INSERT of enqueue (JobManager._insert) and by a retry
-due at once, when their transaction commits. It is only a hint to claim now; a worker
+The notification is sent by the INSERT of enqueue (JobManager._insert), by a retry due
+at once and by the resume of a queue, when their transaction commits. Its payload is the
+job's queue: a worker serving other queues does not wake (and claim) for it. A cancel
+request sends its own notification, to the supervisor of the attempt's worker
+(CANCEL_CHANNEL: the job's id). A notification is only a hint to act now; a worker
 that misses one (say, for a row inserted behind the app's back) still finds the job at
 its next poll, so nothing depends on delivery. (Until migration 0003 a trigger on the
 table sent it: the trigger cost about 6% of a single enqueue on PostgreSQL.)
@@ -12,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from django.db import connections
@@ -19,17 +23,30 @@ from django.db import connections
 logger = logging.getLogger("django_jobstate.worker")
 
 CHANNEL = "django_jobstate"
-# The SQL expression that wakes listening workers, once the transaction commits.
-NOTIFY = f"pg_notify('{CHANNEL}', '')"
+# The SQL expression that wakes listening workers of the queue of the row an INSERT
+# returns, once the transaction commits; NOTIFY_QUEUE takes the queue as a parameter.
+NOTIFY = f"pg_notify('{CHANNEL}', \"queue_name\")"
+NOTIFY_QUEUE = f"pg_notify('{CHANNEL}', %s)"
+CANCEL_CHANNEL = "django_jobstate_cancel"
+NOTIFY_CANCEL = f"pg_notify('{CANCEL_CHANNEL}', %s)"
 
 
 class Waiter:
     """Sleep until a job may be runnable: a notification, the poll interval, or a stop."""
 
-    def __init__(self, stopping: threading.Event, using: str = "default") -> None:
+    def __init__(
+        self,
+        stopping: threading.Event,
+        using: str = "default",
+        queues: Iterable[str] | None = None,
+        channel: str = CHANNEL,
+    ) -> None:
         self.stopping = stopping
         self.using = using
+        self.queues = None if queues is None else frozenset(queues)
+        self.channel = channel
         self._listener: Any = None
+        self.payloads: list[str] = []  # of the notifications that woke wait()
 
     def wait(self, timeout: float) -> None:
         if connections[self.using].vendor != "postgresql":
@@ -40,8 +57,11 @@ class Waiter:
             listener = self._listen()
             # Short slices, so that a stop request is seen promptly.
             while not self.stopping.is_set() and (left := deadline - time.monotonic()) > 0:
-                for _ in listener.notifies(timeout=min(left, 0.5), stop_after=1):
-                    return
+                for notify in listener.notifies(timeout=min(left, 0.5), stop_after=1):
+                    # Another queue's job is not this worker's to claim: sleep on.
+                    if self.queues is None or notify.payload in self.queues or not notify.payload:
+                        self.payloads.append(notify.payload)
+                        return
         except Exception:  # psycopg errors: the server restarted, the network dropped
             logger.warning(
                 "LISTEN connection lost; polling until it is back",
@@ -56,7 +76,7 @@ class Waiter:
             wrapper = connections[self.using]
             listener = wrapper.get_new_connection(wrapper.get_connection_params())
             listener.autocommit = True
-            listener.execute(f'LISTEN "{CHANNEL}"')
+            listener.execute(f'LISTEN "{self.channel}"')
             self._listener = listener
         return self._listener
 

@@ -3,8 +3,9 @@
 Under `runjobs` the supervisor does this job from its own process (supervisor.py), which
 a task that holds the interpreter cannot silence; a worker run in-process (tests, an
 embedding program) has only a thread. It heartbeats, rescues the attempts of lost
-workers (liveness.py), and fails the attempt in hand once it is past its timeout. A
-thread cannot stop the task: it runs on, and its late outcome is refused.
+workers (liveness.py), passes cancel requests to the worker's ledger at each beat
+(cancels.py), and fails the attempt in hand once it is past its timeout (or its cancel
+grace). A thread cannot stop the task: it runs on, and its late outcome is refused.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 
+from .cancels import pass_cancel_requests
 from .liveness import Pulse, close_connection
 from .models import Job, WorkerHeartbeat
 
@@ -49,6 +51,8 @@ class Watchdog(threading.Thread):
                     next_beat = now + interval
                     self.beat()
                     self.pulse.rescue([self.worker.worker_id])
+                    ledgers = {self.worker.worker_id: self.worker.ledger}
+                    pass_cancel_requests(ledgers, self.pulse.name)
                 # Twice a second while an overdue write waits for the database.
                 wake = min(next_beat, self.worker.ledger.next_deadline())
                 if self._overdue:

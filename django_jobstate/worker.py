@@ -41,11 +41,11 @@ from . import metrics
 from .backend import JobStateBackend, load_task, to_task_result
 from .conf import get_settings
 from .context import JobStateContext
-from .exceptions import JobTimeout, LostRace
+from .exceptions import JobCancelled, JobTimeout, LostRace
 from .ledger import Ledger
 from .logs import job_fields
 from .managers import ClaimKey, claim_key, describe_error
-from .models import Job
+from .models import Job, JobQueue
 from .payload import encode_payload
 from .states import FailureReason, State
 from .wakeup import Waiter
@@ -134,6 +134,7 @@ class Worker:
             from . import tracing
 
             self.tracing = tracing
+        self._queue_names: list[str] = []  # serving all queues: those seen with jobs
 
     def stop(self) -> None:
         """Finish the attempts in hand, claim no more."""
@@ -159,7 +160,7 @@ class Worker:
         if watchdog:
             watchdog.beat()  # register; if the database is away, the next beat will
             watchdog.start()
-        waiter = Waiter(self._stopping, using=self.db)
+        waiter = Waiter(self._stopping, using=self.db, queues=self.queues)
         try:
             while not self.stopping and not self.reached_max_jobs:
                 if self.parent is not None and os.getppid() != self.parent:
@@ -193,12 +194,13 @@ class Worker:
 
     def _due_soon(self) -> bool:
         """Whether a queued job (say, a retry waiting for its backoff) is due within
-        BURST_HORIZON seconds: a --burst run waits for it instead of exiting."""
+        BURST_HORIZON seconds, not in a paused queue: a --burst run waits for it instead
+        of exiting."""
         horizon = Now() + timedelta(seconds=BURST_HORIZON)
+        paused = JobQueue.objects.filter(paused_at__isnull=False).values("name")
+        jobs = Job.objects.queued().filter(run_after__lte=horizon).for_queues(self.queues)
         try:
-            return (
-                Job.objects.queued().filter(run_after__lte=horizon).for_queues(self.queues).exists()
-            )
+            return jobs.exclude(queue_name__in=paused).exists()  # a paused queue waits
         except DatabaseError:
             connections[self.db].close()
             return True  # the next claim says what is wrong
@@ -257,7 +259,14 @@ class Worker:
         return jobs
 
     def _claim_from(self, from_key: ClaimKey | None, limit: int) -> list[Job]:
-        jobs = Job.objects.claim(self.worker_id, queues=self.queues, limit=limit, from_key=from_key)
+        queues = self.queues
+        if queues is None:
+            # Serving every queue: claim from those that had jobs when it last looked from
+            # the head; a new queue's jobs wait at most as long as a key's (RESCAN_AFTER).
+            if from_key is None:
+                self._queue_names = Job.objects.queue_names()
+            queues = self._queue_names
+        jobs = Job.objects.claim(self.worker_id, queues=queues, limit=limit, from_key=from_key)
         if from_key is None:
             self._rescan_at = time.monotonic() + RESCAN_AFTER
         return jobs
@@ -323,12 +332,15 @@ class Worker:
                 task, result = self._retrying(functools.partial(self._prepare, job))
         except Exception as exc:  # not a task, or a row that cannot run: nothing ran
             return Outcome(job, time.monotonic(), time.monotonic(), error=exc)
+        if self.ledger.cancel_requested(index):  # cancelled while held: never begin it
+            cancelled = JobCancelled("it was cancelled before it started")
+            return Outcome(job, time.monotonic(), time.monotonic(), error=cancelled)
         if not self.ledger.start(index, job.timeout):  # the deadline starts with the body
             return None
         span = self.tracing.Attempt(job) if self.tracing else None
         started = time.monotonic()
         try:
-            value, written = self._call(job, task, result)
+            value, written = self._call(job, task, result, index)
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             outcome = Outcome(job, started, time.monotonic(), error=exc)
         else:
@@ -361,7 +373,7 @@ class Worker:
             )
         return task, to_task_result([*self._previous_attempts(job), job], task)
 
-    def _call(self, job: Job, task: Task, result: TaskResult) -> tuple[object, bool]:
+    def _call(self, job: Job, task: Task, result: TaskResult, index: int) -> tuple[object, bool]:
         """Run the body; return its value, and whether its success is already written.
 
         An atomic task's body runs in a transaction that also writes its success, fenced
@@ -371,7 +383,12 @@ class Worker:
         task_started.send(JobStateBackend, task_result=result)
         args: tuple[object, ...] = ()
         if task.takes_context:
-            args = (JobStateContext(task_result=result, metadata=job.metadata, _job=job),)
+            flag = functools.partial(self.ledger.cancel_requested, index)
+            args = (
+                JobStateContext(
+                    task_result=result, metadata=job.metadata, _job=job, cancel_flag=flag
+                ),
+            )
         if not getattr(task, "atomic", False):
             value = task.call(*args, *job.args, **job.kwargs)
             return encode_payload(value, "The task's return value")[0], False

@@ -355,3 +355,26 @@ def unique_queued_always_fails(label: str) -> None:
 @task(takes_context=True, unique=True)
 def unique_with_context(context: TaskContext, label: str) -> int:
     return context.attempt
+
+
+@task(takes_context=True, max_attempts=3, backoff=0)
+def stops_when_cancelled(context: TaskContext, label: str) -> None:
+    """Record its start, then work in small steps, stopping at a cancel request."""
+    Execution.objects.create(label=f"{label}:started")
+    while True:
+        context.raise_if_cancelled()  # type: ignore[attr-defined]
+        time.sleep(0.01)
+
+
+@task(max_attempts=3, backoff=0)
+def never_returns(label: str) -> None:
+    """Record its start, then spin without ever looking at a cancel request."""
+    Execution.objects.create(label=f"{label}:started")
+    while True:
+        pass
+
+
+@task(max_attempts=3, backoff=0, queue_name="emails")
+def record_in_emails(label: str) -> str:
+    Execution.objects.create(label=label)
+    return label

@@ -8,7 +8,6 @@ from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.db import OperationalError, connection
-from django.db.models.signals import pre_delete
 from django.forms.models import model_to_dict
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
@@ -16,8 +15,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from django_jobstate import admin_filters
-from django_jobstate.exceptions import LostRace
-from django_jobstate.models import Job
+from django_jobstate.models import Job, JobQueue
 from django_jobstate.states import State
 from tests import tasks
 from tests.conftest import keep_a_worker_writing
@@ -105,7 +103,7 @@ def test_job_page_is_read_only_for_a_superuser(client, state):
     assert 'name="_save"' not in html
     assert 'name="_continue"' not in html
     assert 'class="closelink"' in html
-    assert ('class="deletelink"' in html) == (state == State.QUEUED)
+    assert 'class="deletelink"' not in html  # a job is never deleted from the admin
 
 
 @pytest.mark.parametrize("state", list(State))
@@ -127,8 +125,8 @@ def test_hand_crafted_post_to_the_change_url_is_refused(client, state):
     assert row(job) == before
 
 
-@pytest.mark.parametrize("state", NOT_QUEUED)
-def test_hand_crafted_post_to_the_delete_url_of_a_started_job_is_refused(client, state):
+@pytest.mark.parametrize("state", list(State))
+def test_hand_crafted_post_to_the_delete_url_is_refused(client, state):
     login(client, superuser=True)
     job = JobFactory.in_state(state)
     before = row(job)
@@ -137,37 +135,38 @@ def test_hand_crafted_post_to_the_delete_url_of_a_started_job_is_refused(client,
     assert row(job) == before
 
 
-def test_a_queued_job_is_cancelled_from_its_delete_page_with_the_delete_permission(client):
-    job = JobFactory.in_state(State.QUEUED)
+def cancel_url(job: Job) -> str:
+    return reverse("admin:django_jobstate_job_cancel", args=[job.pk])
+
+
+def test_a_live_job_is_cancelled_from_its_page_with_the_delete_permission(client):
+    queued, running = JobFactory.in_state(State.QUEUED), JobFactory.in_state(State.RUNNING)
     login(client, "view")
-    assert client.post(delete_url(job), {"post": "yes"}).status_code == 403
-    assert 'class="deletelink"' not in client.get(change_url(job)).content.decode()
+    assert client.post(cancel_url(queued)).status_code == 403
+    assert cancel_url(queued) not in client.get(change_url(queued)).content.decode()
 
     user = login(client, "view", "delete")
-    assert 'class="deletelink"' in client.get(change_url(job)).content.decode()
-    assert client.get(delete_url(job)).status_code == 200
-    response = client.post(delete_url(job), {"post": "yes"})
-    assert response.status_code == 302
-    assert not Job.objects.filter(pk=job.pk).exists()
-    assert LogEntry.objects.get(user=user).is_deletion()
+    assert "Cancel: it will never run" in client.get(change_url(queued)).content.decode()
+    assert client.get(cancel_url(queued)).status_code == 405  # POST only
+    response = client.post(cancel_url(queued), follow=True)
+    assert "it will never run" in messages_of(response)[0]
+    cancelled = Job.objects.get(pk=queued.pk)
+    assert (cancelled.state, cancelled.failure_reason) == (State.FAILED, "cancelled")
+    html = client.get(change_url(queued)).content.decode()
+    assert f"by {user.username}" in html  # who asked, from the admin's log
+    assert cancel_url(queued) not in html
 
+    assert "Cancel: ask it to stop" in client.get(change_url(running)).content.decode()
+    response = client.post(cancel_url(running), follow=True)
+    assert "asked to stop" in messages_of(response)[0]
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
+    assert "cancel requested" in client.get(LIST_URL).content.decode()  # the list's badge
+    assert LogEntry.objects.filter(user=user).count() == 2
 
-def test_delete_page_refuses_a_job_claimed_after_it_was_read(client, monkeypatch):
-    """The worker wins between the view's read and its conditional delete: nothing changes.
-
-    The claim cannot run inside the view's own transaction (it would be rolled back with
-    it), so the cancel is made to lose the race the way it does when a worker commits first.
-    """
-    login(client, "view", "delete")
-    job = JobFactory.in_state(State.QUEUED)
-
-    def lose_the_race(job_to_cancel):
-        raise LostRace(f"Job {job_to_cancel.pk} is no longer queued; it was not cancelled.")
-
-    monkeypatch.setattr(Job.objects, "cancel", lose_the_race)
-    assert client.post(delete_url(job), {"post": "yes"}).status_code == 403
-    assert Job.objects.filter(pk=job.pk).exists()
-    assert not LogEntry.objects.exists()  # no record of a deletion that did not happen
+    done = JobFactory.in_state(State.SUCCEEDED)
+    assert cancel_url(done) not in client.get(change_url(done)).content.decode()
+    response = client.post(cancel_url(done), follow=True)
+    assert "already finished" in messages_of(response)[0]
 
 
 def test_view_permission_offers_no_actions_and_refuses_posted_ones(client):
@@ -181,7 +180,8 @@ def test_view_permission_offers_no_actions_and_refuses_posted_ones(client):
         ("run_now", queued),
         ("cancel_jobs", queued),
         ("delete_selected", queued),
-    ]:
+    ]:  # and the Cancel button's URL
+        assert client.post(cancel_url(job)).status_code == 403
         before = row(job)
         run_action(client, action, job)
         assert row(job) == before
@@ -331,33 +331,39 @@ def test_run_now_skips_a_job_claimed_after_the_list_was_shown(client):
     assert row(job) == before
 
 
-def test_cancel_deletes_queued_jobs_only(client):
+def test_cancel_fails_queued_jobs_asks_running_ones_to_stop_and_skips_finished_ones(client):
     user = login(client, "view", "delete")
-    queued = JobFactory.in_state(State.QUEUED)
-    others = [JobFactory.in_state(state) for state in NOT_QUEUED]
-    before = [row(job) for job in others]
-    response = run_action(client, "cancel_jobs", queued, *others)
+    queued, running = JobFactory.in_state(State.QUEUED), JobFactory.in_state(State.RUNNING)
+    finished = [JobFactory.in_state(state) for state in (State.SUCCEEDED, State.FAILED)]
+    before = [row(job) for job in finished]
+    response = run_action(client, "cancel_jobs", queued, running, *finished)
     assert messages_of(response) == [
-        "Cancelled 1 of 4 selected jobs; skipped 3 (no longer queued)."
+        "Cancelled 2 of 4 selected jobs (1 running: asked to stop); skipped 2 (already finished)."
     ]
-    assert not Job.objects.filter(pk=queued.pk).exists()
-    assert [row(job) for job in others] == before
-    assert LogEntry.objects.get(user=user).object_id == str(queued.pk)
+    cancelled = Job.objects.get(pk=queued.pk)
+    assert (cancelled.state, cancelled.failure_reason) == (State.FAILED, "cancelled")
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
+    assert [row(job) for job in finished] == before
+    logged = LogEntry.objects.filter(user=user).values_list("object_id", flat=True)
+    assert sorted(logged) == sorted([str(queued.pk), str(running.pk)])
 
 
-def test_cancel_skips_a_job_claimed_after_the_list_was_shown(client):
+def test_cancel_of_a_job_claimed_after_the_list_was_shown_asks_it_to_stop(client):
     login(client, "view", "delete")
     job = JobFactory.in_state(State.QUEUED)
     assert job in client.get(LIST_URL + "?state__exact=queued").context["cl"].result_list
     assert [claimed.pk for claimed in Job.objects.claim("w1")] == [job.pk]
     response = run_action(client, "cancel_jobs", job, url=LIST_URL + "?state__exact=queued")
-    assert messages_of(response) == ["Cancelled 0 of 1 selected job; skipped 1 (no longer queued)."]
+    assert messages_of(response) == [
+        "Cancelled 1 of 1 selected job (1 running: asked to stop); skipped 0."
+    ]
     job.refresh_from_db()
     assert (job.state, job.worker_id) == (State.RUNNING, "w1")
+    assert job.cancel_requested_at is not None
 
 
-def test_cancel_skips_a_job_claimed_during_the_action(client, monkeypatch):
-    """The worker wins between the action's read and the conditional delete."""
+def test_cancel_of_a_job_claimed_during_the_action_asks_it_to_stop(client, monkeypatch):
+    """The worker wins between the action's read and the conditional write."""
     login(client, "view", "delete")
     job = JobFactory.in_state(State.QUEUED)
     cancel = Job.objects.cancel
@@ -367,34 +373,9 @@ def test_cancel_skips_a_job_claimed_during_the_action(client, monkeypatch):
         return cancel(job_to_cancel)
 
     monkeypatch.setattr(Job.objects, "cancel", claim_first)
-    response = run_action(client, "cancel_jobs", job)
-    assert messages_of(response) == ["Cancelled 0 of 1 selected job; skipped 1 (no longer queued)."]
-    assert Job.objects.get(pk=job.pk).state == State.RUNNING
-
-
-def test_cancel_never_deletes_a_job_claimed_between_read_and_delete(client):
-    """A worker claims the job at the last moment: after the read, before the DELETE.
-
-    QuerySet.delete() reads the rows, sends pre_delete, then deletes them by pk alone: a
-    claim in that window would be deleted while running. The cancel must be one DELETE
-    conditional on the state, which leaves no window (and sends no pre_delete).
-    """
-    login(client, "view", "delete")
-    job = JobFactory.in_state(State.QUEUED)
-    claimed = []
-
-    def claim(sender, instance, **kwargs):
-        claimed.extend(Job.objects.claim("w1"))
-
-    pre_delete.connect(claim, sender=Job)
-    try:
-        run_action(client, "cancel_jobs", job)
-    finally:
-        pre_delete.disconnect(claim, sender=Job)
-    if claimed:  # the delete left room for the claim: the running job must survive it
-        assert Job.objects.get(pk=job.pk).state == State.RUNNING
-    else:  # one DELETE ... WHERE state = queued: no room for a claim in between
-        assert not Job.objects.filter(pk=job.pk).exists()
+    run_action(client, "cancel_jobs", job)
+    job.refresh_from_db()
+    assert (job.state, job.cancel_requested_at is not None) == (State.RUNNING, True)
 
 
 def test_cancel_skips_a_job_already_cancelled(client):
@@ -403,20 +384,19 @@ def test_cancel_skips_a_job_already_cancelled(client):
     Job.objects.cancel(gone)
     response = run_action(client, "cancel_jobs", gone, kept)
     assert messages_of(response) == [
-        "Cancelled 1 of 2 selected jobs; skipped 1 (no longer queued)."
+        "Cancelled 1 of 2 selected jobs; skipped 1 (already finished)."
     ]
-    assert not Job.objects.exists()
+    assert set(Job.objects.values_list("failure_reason", flat=True)) == {"cancelled"}
 
 
 def test_actions_on_all_matching_jobs_count_what_they_selected(client):
     login(client, "view", "delete")
     queued = JobFactory.create_batch(3)
-    JobFactory.in_state(State.RUNNING)
+    JobFactory.in_state(State.SUCCEEDED)
     response = run_action(client, "cancel_jobs", queued[0], select_across="1")
     assert messages_of(response) == [
-        "Cancelled 3 of 4 selected jobs; skipped 1 (no longer queued)."
+        "Cancelled 3 of 4 selected jobs; skipped 1 (already finished)."
     ]
-    assert Job.objects.get().state == State.RUNNING
 
 
 # The list.
@@ -666,9 +646,9 @@ def test_succeeded_job_page_shows_the_return_value_and_no_error_section(client):
 
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
-def test_cancel_page_beside_a_running_worker_never_fails(client, runjobs):
-    """The delete view reads the job, then deletes it, in one transaction: on SQLite that
-    must wait for the worker's commits, not fail with "database is locked" (a 500)."""
+def test_cancel_button_beside_a_running_worker_never_fails(client, runjobs):
+    """The cancel view reads the job, then writes it: on SQLite that must wait for the
+    worker's commits, not fail with "database is locked" (a 500)."""
     login(client, "view", "delete")
     keep_a_worker_writing(runjobs)
     jobs = [tasks.email.enqueue(f"user{i}@example.com") for i in range(50)]  # not run
@@ -676,7 +656,7 @@ def test_cancel_page_beside_a_running_worker_never_fails(client, runjobs):
     for result in jobs:
         job = Job.objects.get(result_id=result.id)
         try:
-            response = client.post(delete_url(job), {"post": "yes"})
+            response = client.post(cancel_url(job))
         except OperationalError as exc:
             failures.append(str(exc))
         else:
@@ -685,7 +665,8 @@ def test_cancel_page_beside_a_running_worker_never_fails(client, runjobs):
 
     assert busy.exists(), "the worker finished before the cancels did: no contention"
     assert failures == [], f"{len(failures)} of {len(jobs)} cancels failed: {failures[0]}"
-    assert not Job.objects.filter(queue_name="emails").exists()
+    emails = Job.objects.filter(queue_name="emails")
+    assert set(emails.values_list("failure_reason", flat=True)) == {"cancelled"}
 
 
 # Saying plainly what happened: retries by hand, why an attempt failed.
@@ -931,3 +912,42 @@ def test_retry_action_of_many_jobs_shows_the_list_without_the_state_filter(clien
     assert response["Location"] == LIST_URL + "?queue_name=emails"
     listed = client.get(response["Location"]).context["cl"].result_list
     assert len([job for job in listed if job.state == State.QUEUED]) == 3
+
+
+# The Queues page.
+
+QUEUES_URL = reverse("admin:django_jobstate_jobqueue_changelist")
+
+
+def test_the_queues_page_lists_every_known_queue_and_pauses_and_resumes_them(client):
+    JobFactory.create_batch(2, queue_name="emails")
+    JobFactory(queue_name="imports")  # not in TASKS' QUEUES: known from its job
+    user = login(client, superuser=True)
+    html = client.get(QUEUES_URL).content.decode()
+    for name in ["default", "emails", "reports", "imports"]:
+        assert f">{name}<" in html
+
+    data = {"action": "pause", "index": "0", ACTION_CHECKBOX_NAME: ["emails"]}
+    response = client.post(QUEUES_URL, data, follow=True)
+    assert messages_of(response) == ["Paused 1 queue: emails."]
+    assert "paused since" in response.content.decode()
+    queue = JobQueue.objects.get(name="emails")
+    assert queue.paused
+    assert queue.changed_by == f"admin:{user.username}"
+    assert Job.objects.claim("w", queues=["emails"]) == []
+    assert LogEntry.objects.get(user=user).change_message == "Paused"
+
+    data["action"] = "resume"
+    client.post(QUEUES_URL, data)
+    assert not JobQueue.objects.get(name="emails").paused
+    assert len(Job.objects.claim("w", queues=["emails"], limit=5)) == 2
+
+
+def test_pausing_a_queue_needs_the_change_permission(client):
+    user = User.objects.create_user("viewer", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename="view_jobqueue"))
+    client.force_login(user)
+    JobQueue.objects.create(name="emails")
+    data = {"action": "pause", "index": "0", ACTION_CHECKBOX_NAME: ["emails"]}
+    client.post(QUEUES_URL, data)
+    assert not JobQueue.objects.get(name="emails").paused

@@ -54,6 +54,9 @@ def ids(**overrides):
         ({"JOBSTATE_MAX_BACKOFF": 1e12}, ["E002"]),
         ({"JOBSTATE_DEFAULT_BACKOFF": 1e9, "JOBSTATE_MAX_BACKOFF": 1e9}, ["E002", "E002"]),
         ({"JOBSTATE_DEFAULT_TIMEOUT": 1e9}, ["E002"]),
+        ({"JOBSTATE_CANCEL_GRACE": -1}, ["E002"]),
+        ({"JOBSTATE_CANCEL_GRACE": 86_401}, ["E002"]),  # beyond a day: a cancel never stops
+        ({"JOBSTATE_CANCEL_GRACE": "30"}, ["E004"]),
         ({"JOBSTATE_LOST_AFTER": "30"}, ["E004"]),
         ({"JOBSTATE_HEARTBEAT_INTERVAL": "5"}, ["E004"]),  # and no E001 comparing it
         ({"JOBSTATE_POLL_INTERVAL": None}, ["E004"]),
@@ -91,6 +94,7 @@ def test_each_check_fires_for_its_bad_setting(overrides, expected):
         {"JOBSTATE_DEFAULT_TIMEOUT": 60.5, "JOBSTATE_DEFAULT_MAX_ATTEMPTS": 1000},
         {"JOBSTATE_DEFAULT_BACKOFF": 0, "JOBSTATE_MAX_BACKOFF": 0},  # retry at once
         {"JOBSTATE_DEFAULT_BACKOFF": 60, "JOBSTATE_MAX_BACKOFF": 60},
+        {"JOBSTATE_CANCEL_GRACE": 0},  # stop a cancelled attempt at once
         {
             "JOBSTATE_POLL_INTERVAL": 86_400,
             "JOBSTATE_HEARTBEAT_INTERVAL": 86_400,

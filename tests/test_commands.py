@@ -15,7 +15,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobstate.management.commands.prunejobs import age
-from django_jobstate.models import Job, WorkerHeartbeat
+from django_jobstate.models import Job, JobQueue, WorkerHeartbeat
 from django_jobstate.querysets import JobQuerySet
 from django_jobstate.states import LIVE_STATES, TERMINAL_STATES, State
 from tests.conftest import ROOT, subprocess_env
@@ -287,6 +287,8 @@ def heartbeat(worker_id, seconds_ago):
 def test_stats_of_an_empty_database():
     assert stats() == {
         "queues": {},
+        "paused_queues": [],
+        "cancel_requested": 0,
         "oldest_runnable_age_seconds": None,
         "workers": [],
         "lost_workers": 0,
@@ -384,3 +386,56 @@ def test_jobstats_json_as_a_process():
     assert result["oldest_runnable_age_seconds"] >= 1
     assert [(w["worker_id"], w["lost"]) for w in result["workers"]] == [("silent", True)]
     assert result["lost_workers"] == 1
+
+
+def test_jobstats_marks_paused_queues_and_running_attempts_asked_to_stop():
+    JobFactory.in_state(State.QUEUED, queue_name="emails")
+    JobFactory.in_state(State.QUEUED)
+    Job.objects.cancel(JobFactory.in_state(State.RUNNING))
+    JobQueue.objects.pause("emails")
+    JobQueue.objects.pause("quiet")
+
+    assert (stats()["paused_queues"], stats()["cancel_requested"]) == (["emails", "quiet"], 1)
+    lines = run("jobstats").splitlines()
+    assert lines[1].split() == ["default", "1", "1", "0", "0"]
+    assert lines[2].split() == ["emails", "1", "0", "0", "0", "PAUSED"]
+    assert lines[3] == "Paused queues without jobs: quiet."
+    assert lines[4] == "Running attempts asked to stop: 1."
+
+
+# jobqueues and canceljob
+
+
+def test_jobqueues_pauses_lists_and_resumes_saying_who():
+    JobFactory.create_batch(2, queue_name="emails")
+    assert run("jobqueues", "pause", "emails", "--by", "ops") == (
+        "Queue 'emails' paused: no worker claims its jobs.\n"
+    )
+    assert JobQueue.objects.get(name="emails").changed_by == "ops"
+    assert Job.objects.claim("w", queues=["emails"]) == []
+    [listed] = json.loads(run("jobqueues", "list", "--json"))
+    assert (listed["name"], listed["paused"], listed["queued"]) == ("emails", True, 2)
+    assert listed["changed_by"] == "ops"
+    lines = run("jobqueues", "list").splitlines()
+    assert lines[0].split() == ["queue", "status", "queued", "running", "changed", "by"]
+    assert lines[1].split()[:3] == ["emails", "PAUSED", "since"]
+
+    assert run("jobqueues", "resume", "emails") == "Queue 'emails' resumed.\n"
+    assert JobQueue.objects.get(name="emails").changed_by.startswith("cli:")
+    assert len(Job.objects.claim("w", queues=["emails"], limit=5)) == 2
+    with pytest.raises(CommandError, match="1 to 100 characters"):
+        run("jobqueues", "pause", "x" * 101)
+
+
+def test_canceljob_cancels_queued_and_running_tasks_and_names_unknown_ids():
+    queued, running = JobFactory(), JobFactory.in_state(State.RUNNING)
+    done = JobFactory.in_state(State.SUCCEEDED)
+    out = run("canceljob", str(queued.result_id), str(running.result_id), str(done.result_id))
+    assert out.splitlines() == [
+        f"{queued.result_id}: cancelled: it was queued and will never run",
+        f"{running.result_id}: running: asked to stop (stopped after JOBSTATE_CANCEL_GRACE)",
+        f"{done.result_id}: already finished: nothing to cancel",
+    ]
+    assert Job.objects.get(pk=queued.pk).failure_reason == "cancelled"
+    with pytest.raises(CommandError, match="No task has the id nope"):
+        run("canceljob", "nope")

@@ -9,17 +9,24 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import connection, connections, transaction
+from django.db import IntegrityError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobstate.exceptions import LostRace
-from django_jobstate.managers import claim_key
-from django_jobstate.models import Job
-from django_jobstate.states import TRANSITIONS, FailureReason, InvalidTransition, State
+from django_jobstate.managers import CancelOutcome, claim_key
+from django_jobstate.models import Job, JobQueue
+from django_jobstate.states import (
+    ONLY_AS,
+    TRANSITIONS,
+    FailureReason,
+    InvalidTransition,
+    State,
+)
 from django_jobstate.wakeup import CHANNEL
 from tests import tasks
 from tests.conftest import ROOT, skewed_env, subprocess_env
@@ -42,7 +49,7 @@ def snapshot(job):
 def test_outcome_writes_follow_the_table(current, new):
     job = JobFactory.in_state(current)
     before = snapshot(job)
-    if new in TRANSITIONS[current]:
+    if new in TRANSITIONS[current] and (current, new) not in ONLY_AS:  # queued: cancel only
         WRITES[new](job)
         assert Job.objects.get(pk=job.pk).state == new
         assert job.state == new
@@ -234,21 +241,101 @@ def test_a_retry_racing_a_prune_never_survives_its_deleted_predecessor():
     assert set(outcomes) == {"pruned, retry refused", "retried, prune skipped it"}, outcomes
 
 
-def test_cancel_deletes_only_while_queued():
-    queued, running = JobFactory(), JobFactory(running=True)
-    Job.objects.cancel(queued)
-    assert not Job.objects.filter(pk=queued.pk).exists()
-    with pytest.raises(LostRace, match="no longer queued"):
-        Job.objects.cancel(running)
-    assert Job.objects.filter(pk=running.pk, state=State.RUNNING).exists()
+def test_cancel_fails_a_queued_attempt_as_cancelled_and_keeps_it():
+    queued = JobFactory(max_attempts=3)
+    assert Job.objects.cancel(queued) == CancelOutcome.CANCELLED
+    row = Job.objects.get(pk=queued.pk)
+    assert (row.state, row.failure_reason) == (State.FAILED, FailureReason.CANCELLED)
+    assert (row.started_at, row.worker_id) == (None, None)  # never started
+    assert row.finished_at is not None
+    assert row.cancel_requested_at is not None
+    assert row.error_class == "django_jobstate.exceptions.JobCancelled"
+    assert Job.objects.filter(result_id=queued.result_id).count() == 1  # never retried
+
+
+def test_cancel_asks_a_running_attempt_to_stop_and_leaves_a_finished_one():
+    running, done = JobFactory(running=True), JobFactory.in_state(State.SUCCEEDED)
+    before = snapshot(done)
+    assert Job.objects.cancel(running) == CancelOutcome.REQUESTED
+    row = Job.objects.get(pk=running.pk)
+    assert (row.state, row.failure_reason) == (State.RUNNING, "")
+    first_request = row.cancel_requested_at
+    assert first_request is not None
+    assert Job.objects.cancel(row) == CancelOutcome.REQUESTED  # again: the first time stays
+    assert Job.objects.get(pk=running.pk).cancel_requested_at == first_request
+    assert Job.objects.cancel(done) == CancelOutcome.FINISHED
+    assert snapshot(done) == before
+
+
+def test_a_cancel_that_loses_to_a_claim_asks_the_claimed_attempt_to_stop():
+    job = JobFactory()
+    stale = Job.objects.get(pk=job.pk)
+    [claimed] = Job.objects.claim("w")  # the claim wins the race
+    assert Job.objects.cancel(stale) == CancelOutcome.REQUESTED
+    row = Job.objects.get(pk=claimed.pk)
+    assert (row.state, row.worker_id) == (State.RUNNING, "w")
+    assert row.cancel_requested_at is not None
+
+
+@pytest.mark.parametrize(
+    "reason",
+    [FailureReason.ERROR, FailureReason.TIMEOUT, FailureReason.LOST, FailureReason.RELEASED],
+)
+def test_whatever_ends_a_cancelled_running_attempt_it_fails_as_cancelled_and_is_not_retried(
+    reason,
+):
+    job = JobFactory(running=True, max_attempts=5)
+    stale = Job.objects.get(pk=job.pk)  # read before the request, as a worker holds it
+    Job.objects.cancel(job)
+    assert Job.objects.fail(stale, reason, error_message="x") is None  # no next attempt
+    row = Job.objects.get(pk=job.pk)
+    assert (row.state, row.failure_reason) == (State.FAILED, FailureReason.CANCELLED)
+    assert Job.objects.filter(result_id=job.result_id).count() == 1
+
+
+def test_a_cancelled_running_attempt_that_returns_succeeds():
+    job = JobFactory(running=True)
+    stale = Job.objects.get(pk=job.pk)
+    Job.objects.cancel(job)
+    assert Job.objects.succeed_many(job.worker_id, [(stale, "done")]) == {job.pk}
+    assert Job.objects.get(pk=job.pk).state == State.SUCCEEDED
+
+
+def test_cancel_task_cancels_a_waiting_retry():
+    failed = JobFactory.in_state(State.FAILED, max_attempts=3)
+    retry = Job.objects.retry(failed, delay=600)
+    assert Job.objects.cancel_task(failed.result_id) == CancelOutcome.CANCELLED
+    row = Job.objects.get(pk=retry.pk)
+    assert (row.state, row.failure_reason) == (State.FAILED, FailureReason.CANCELLED)
+    assert Job.objects.cancel_task(failed.result_id) == CancelOutcome.FINISHED
+    with pytest.raises(Job.DoesNotExist):
+        Job.objects.cancel_task(uuid.uuid4())
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"state": State.FAILED, "failure_reason": FailureReason.ERROR},  # not as cancelled
+        {"state": State.FAILED, "failure_reason": FailureReason.CANCELLED},  # no request
+        {"cancel_requested_at": timezone.now()},  # a queued row has no request
+    ],
+)
+def test_the_database_refuses_what_a_cancel_may_not_write(values):
+    job = JobFactory()
+    values = {"finished_at": timezone.now(), **values}
+    if values.get("state") != State.FAILED:
+        values.pop("finished_at")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(**values)
 
 
 def explained_claim(**claim) -> list[dict]:
     """Claim one job; return the nodes of its plan, as EXPLAIN ANALYZE ran it again."""
     with CaptureQueriesContext(connection) as queries:
         assert len(Job.objects.claim("w", **claim)) == 1
+    [sql] = [query["sql"] for query in queries if "UPDATE" in query["sql"]]  # not queue_names()
     with connection.cursor() as cursor:
-        cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {queries[0]['sql']}")
+        cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
         [[plan]] = cursor.fetchone()
     nodes, found = [plan["Plan"]], []
     while nodes:
@@ -293,7 +380,9 @@ def test_statistics_taken_on_an_empty_queue_do_not_mislead_the_claim():
     scans = {
         (node["Node Type"], node.get("Index Name"), node.get("Alias"))
         for node in explained_claim(limit=1)
-        if "Scan" in node["Node Type"] and node["Node Type"] != "CTE Scan"
+        if "Scan" in node["Node Type"]
+        and node["Node Type"] != "CTE Scan"
+        and node.get("Alias") != JobQueue._meta.db_table  # the pause test, once per claim
     }
     table = Job._meta.db_table
     assert scans == {

@@ -2,10 +2,12 @@
 
 A hypothesis state machine keeps its own model of the Job table (each attempt's state and
 worker) and drives enqueue (of unique keys too), claim, succeed, fail, rescue (fail_running
-and rescue_lost), retry, cancel and prune, plus stale writes that must lose. After every
-step it checks the invariants: every state is one of four; at most one live attempt per
-logical task and per unique key; the attempts of a task are 1..n but for the pruned and
-cancelled ones; a terminal row never changes; and the table is what the model expects.
+and rescue_lost), retry, cancel (of queued, running and finished attempts) and prune, plus
+stale writes that must lose. After every step it checks the invariants: every state is one
+of four; at most one live attempt per logical task and per unique key; the attempts of a
+task are 1..n but for the pruned ones; a terminal row never changes; a cancelled failure
+had a request, and no attempt follows it but one retried by hand; and the table is what
+the model expects.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from hypothesis.stateful import (
 )
 
 from django_jobstate.exceptions import JobAlreadyEnqueued, LostRace, WorkerLost
+from django_jobstate.managers import CancelOutcome
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import (
     LIVE_STATES,
@@ -41,7 +44,7 @@ from django_jobstate.states import (
 
 WORKERS = ("w1", "w2", "w3")
 MACHINE_SETTINGS = settings(
-    max_examples=50,
+    max_examples=70,
     stateful_step_count=50,
     deadline=None,
     database=None,  # no .hypothesis/ directory in the repository
@@ -66,6 +69,8 @@ class Attempt:
     worker_id: str | None = None
     old: bool = False  # started "two hours ago" (see time_passes)
     key: str | None = None  # its unique key
+    cancel_requested: bool = False
+    cancelled: bool = False  # failed as cancelled
 
 
 def prune_terminal(older_than: timedelta, states: list[str] | None) -> None:
@@ -93,7 +98,8 @@ class JobMachine(RuleBasedStateMachine):
         Job.objects.all().delete()
         WorkerHeartbeat.objects.all().delete()
         self.rows: dict[int, Attempt] = {}
-        self.gone: dict[Any, set[int]] = defaultdict(set)  # attempts pruned or cancelled
+        self.gone: dict[Any, set[int]] = defaultdict(set)  # attempts pruned
+        self.by_hand: set[int] = set()  # attempts the retry rule created
         self.terminal: dict[int, dict[str, Any]] = {}  # snapshot of each terminal row
         self.fresh: set[str] = set()  # workers that heartbeat since time last passed
 
@@ -128,7 +134,8 @@ class JobMachine(RuleBasedStateMachine):
     def record_failure(self, row: Attempt, job_next: Job | None) -> None:
         """Apply a fail(): the row failed, and its next attempt exists iff it may retry."""
         row.state = State.FAILED
-        may_retry = row.attempt < row.max_attempts
+        row.cancelled = row.cancel_requested  # whatever failed it: never retried then
+        may_retry = row.attempt < row.max_attempts and not row.cancelled
         assert (job_next is not None) == may_retry
         if job_next is not None:
             assert (job_next.result_id, job_next.attempt) == (row.result_id, row.attempt + 1)
@@ -253,7 +260,8 @@ class JobMachine(RuleBasedStateMachine):
     def sync_failures(self, rows: list[Attempt]) -> None:
         for row in rows:
             failed = Job.objects.get(pk=row.pk)
-            assert (failed.state, failed.failure_reason) == (State.FAILED, FailureReason.LOST)
+            reason = FailureReason.CANCELLED if row.cancel_requested else FailureReason.LOST
+            assert (failed.state, failed.failure_reason) == (State.FAILED, reason)
             following = Job.objects.filter(result_id=row.result_id, attempt=row.attempt + 1)
             self.record_failure(row, following.first())
 
@@ -272,19 +280,33 @@ class JobMachine(RuleBasedStateMachine):
             assert table() == before
             SEEN["retry met a held key"] += 1
             return
-        self.add(Job.objects.retry(job))
+        new = Job.objects.retry(job)  # by hand: a cancelled task too
+        self.add(new)
+        self.by_hand.add(new.pk)
 
-    @precondition(lambda self: self.rows)
+    @precondition(lambda self: self.in_state(State.QUEUED))
     @rule(data=st.data())
-    def cancel(self, data: st.DataObject) -> None:
-        row = data.draw(st.sampled_from(sorted(self.rows.values(), key=lambda a: a.pk)))
-        job = Job.objects.get(pk=row.pk)
-        if row.state != State.QUEUED:
-            self.must_lose(lambda: Job.objects.cancel(job))
-            return
-        Job.objects.cancel(job)
-        del self.rows[row.pk]
-        self.gone[row.result_id].add(row.attempt)
+    def cancel_queued(self, data: st.DataObject) -> None:
+        row = data.draw(st.sampled_from(self.in_state(State.QUEUED)))
+        assert Job.objects.cancel(Job.objects.get(pk=row.pk)) == CancelOutcome.CANCELLED
+        row.state, row.cancel_requested, row.cancelled = State.FAILED, True, True
+        SEEN["cancelled queued"] += 1
+
+    @precondition(lambda self: self.in_state(State.RUNNING))
+    @rule(data=st.data())
+    def cancel_running(self, data: st.DataObject) -> None:
+        row = data.draw(st.sampled_from(self.in_state(State.RUNNING)))
+        assert Job.objects.cancel(Job.objects.get(pk=row.pk)) == CancelOutcome.REQUESTED
+        row.cancel_requested = True
+        SEEN["cancel requested"] += 1
+
+    @precondition(lambda self: self.in_state(*TERMINAL_STATES))
+    @rule(data=st.data())
+    def cancel_finished(self, data: st.DataObject) -> None:
+        row = data.draw(st.sampled_from(self.in_state(*TERMINAL_STATES)))
+        before = table()
+        assert Job.objects.cancel(Job.objects.get(pk=row.pk)) == CancelOutcome.FINISHED
+        assert table() == before
 
     @rule(states=st.sampled_from([None, [State.SUCCEEDED], [State.FAILED]]))
     def prune(self, states: list[str] | None) -> None:
@@ -378,13 +400,40 @@ class JobMachine(RuleBasedStateMachine):
         assert set(self.terminal) <= set(rows), "a terminal row vanished without a prune"
 
     @invariant()
+    def a_cancelled_failure_had_a_request_and_no_automatic_retry(self) -> None:
+        rows = table()
+        for row in rows.values():
+            if row["failure_reason"] == FailureReason.CANCELLED:
+                assert row["cancel_requested_at"] is not None
+                following = [r for r in rows.values() if r["previous_id"] == row["id"]]
+                assert all(r["id"] in self.by_hand for r in following), row["id"]
+                if row["worker_id"] is None:
+                    SEEN["cancelled, never started"] += 1
+
+    @invariant()
     def the_table_is_what_the_model_expects(self) -> None:
-        actual = {pk: (r["state"], r["worker_id"], r["attempt"]) for pk, r in table().items()}
-        expected = {pk: (a.state, a.worker_id, a.attempt) for pk, a in self.rows.items()}
+        def cancelled(r: dict[str, Any]) -> bool:
+            return r["failure_reason"] == FailureReason.CANCELLED
+
+        actual = {
+            pk: (
+                r["state"],
+                r["worker_id"],
+                r["attempt"],
+                cancelled(r),
+                bool(r["cancel_requested_at"]),
+            )
+            for pk, r in table().items()
+        }
+        expected = {
+            pk: (a.state, a.worker_id, a.attempt, a.cancelled, a.cancel_requested)
+            for pk, a in self.rows.items()
+        }
         assert actual == expected
         SEEN["steps"] += 1
-        SEEN.update(f"state {state}" for state, _, _ in actual.values())
-        SEEN.update("retried" for _, _, attempt in actual.values() if attempt > 1)
+        SEEN.update(f"state {state}" for state, *_ in actual.values())
+        SEEN.update("retried" for _, _, attempt, *_ in actual.values() if attempt > 1)
+        SEEN.update("cancelled while running" for s, w, _, c, _ in actual.values() if c and w)
         SEEN.update("gone" for attempts in self.gone.values() if attempts)
 
 
@@ -399,3 +448,5 @@ def test_random_sequences_of_state_writes_keep_every_invariant():
     assert SEEN["retried"], SEEN
     assert SEEN["gone"], SEEN
     assert SEEN["deduplicated"], SEEN
+    assert SEEN["cancelled, never started"], SEEN
+    assert SEEN["cancelled while running"], SEEN  # requested, then failed by any writer

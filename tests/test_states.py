@@ -4,8 +4,10 @@ import pytest
 
 from django_jobstate.states import (
     LIVE_STATES,
+    ONLY_AS,
     TERMINAL_STATES,
     TRANSITIONS,
+    FailureReason,
     InvalidTransition,
     State,
     check_transition,
@@ -15,7 +17,10 @@ ALLOWED = {
     (State.QUEUED, State.RUNNING),
     (State.RUNNING, State.SUCCEEDED),
     (State.RUNNING, State.FAILED),
+    (State.QUEUED, State.FAILED),  # only as cancelled
 }
+# The failure reasons each move allows (None: not a failure, or any reason).
+REASONS = {(State.QUEUED, State.FAILED): {FailureReason.CANCELLED}}
 PAIRS = list(itertools.product(State, State))
 
 
@@ -28,8 +33,21 @@ def test_the_table_is_the_spec():
 
 @pytest.mark.parametrize(("current", "new"), sorted(ALLOWED))
 def test_allowed_moves_pass(current, new):
-    check_transition(current, new)
-    check_transition(current.value, new.value)  # raw values from a row work too
+    for reason in REASONS.get((current, new), [None]):
+        check_transition(current, new, reason)
+        check_transition(current.value, new.value, reason and reason.value)  # raw values
+
+
+def test_only_a_cancel_fails_a_queued_attempt():
+    assert {move: set(reasons) for move, reasons in ONLY_AS.items()} == REASONS
+    for reason in [None, *FailureReason]:
+        if reason == FailureReason.CANCELLED:
+            check_transition(State.QUEUED, State.FAILED, reason)
+            continue
+        with pytest.raises(InvalidTransition, match="only as: cancelled") as excinfo:
+            check_transition(State.QUEUED, State.FAILED, reason)
+        assert (excinfo.value.current, excinfo.value.new) == (State.QUEUED, State.FAILED)
+    check_transition(State.RUNNING, State.FAILED, FailureReason.CANCELLED)  # both ways
 
 
 @pytest.mark.parametrize(("current", "new"), [p for p in PAIRS if p not in ALLOWED])

@@ -3,12 +3,13 @@
 Every write names the state it expects (and, for a running attempt, the worker that owns
 it). When the row has moved on, the write matches zero rows, changes nothing and raises
 LostRace. JobManager is assembled from one part per kind of write: enqueue.py, claim.py,
-outcomes.py (succeed, fail, retry, rescue, release, cancel), progress.py (a running
+outcomes.py (succeed, fail, retry, rescue, release), cancel.py, progress.py (a running
 attempt's metadata) and prune.py; base.py holds the one state check and fence they share
 (Writes._transition).
 """
 
 from .base import class_path, describe_error, storable_text, timeout_error
+from .cancel import Cancel, CancelOutcome
 from .claim import Claim, ClaimKey, claim_key
 from .enqueue import ENQUEUE_CHUNK, Enqueue, uuid7
 from .outcomes import Outcomes, backoff_delay
@@ -17,6 +18,7 @@ from .prune import Prune
 
 __all__ = [
     "ENQUEUE_CHUNK",
+    "CancelOutcome",
     "ClaimKey",
     "JobManager",
     "backoff_delay",
@@ -30,5 +32,5 @@ __all__ = [
 ]
 
 
-class JobManager(Enqueue, Claim, Outcomes, Progress, Prune):
+class JobManager(Enqueue, Claim, Outcomes, Cancel, Progress, Prune):
     """Job.objects: the reads of JobQuerySet, and every write of a Job row."""

@@ -91,7 +91,8 @@ class Writes(_JobManagerBase["Job"]):
         The write is conditional on the state (and, for running attempts, the worker);
         on success `job` is refreshed from the row, on a lost race nothing changes.
         """
-        check_transition(job.state, new)
+        reason = values.get("failure_reason")
+        check_transition(job.state, new, reason if isinstance(reason, str) else None)
         fence: dict[str, Any] = {"pk": job.pk, "state": job.state}
         if job.state == State.RUNNING:
             fence["worker_id"] = job.worker_id

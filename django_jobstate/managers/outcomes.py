@@ -1,5 +1,5 @@
 """Outcomes: a running attempt to succeeded or failed (its next attempt with it), by its
-worker, its supervisor, a rescuer of lost workers; and cancelling a queued attempt."""
+worker, its supervisor, a rescuer of lost workers; and cancelling an attempt (cancel.py)."""
 
 from __future__ import annotations
 
@@ -11,17 +11,17 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import IntegrityError, connections, models, router, transaction
-from django.db.models import Exists
+from django.db.models import Case, Exists, Value, When
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
 from .. import metrics
 from ..conf import get_settings
-from ..exceptions import JobAlreadyEnqueued, LostRace, WorkerLost
+from ..exceptions import JobAlreadyEnqueued, JobCancelled, LostRace, WorkerLost
 from ..logs import job_fields
 from ..states import FailureReason, State, check_transition
 from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
-from ..wakeup import NOTIFY
+from ..wakeup import NOTIFY_QUEUE
 from .base import Writes, describe_error, logger, now_sql, timeout_error
 
 if TYPE_CHECKING:
@@ -40,6 +40,16 @@ def backoff_delay(backoff: float, attempt: int) -> float:
     """Seconds to wait before attempt `attempt + 1`: exponential, jittered, capped."""
     cap = get_settings().MAX_BACKOFF
     return min(cap, backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
+
+
+def stopped(job: Job) -> tuple[FailureReason, Exception]:
+    """Why an attempt stopped at its deadline failed: its timeout, or its cancel grace."""
+    if job.cancel_requested_at is not None:
+        grace = get_settings().CANCEL_GRACE
+        return FailureReason.CANCELLED, JobCancelled(
+            f"it was cancelled and stopped (JOBSTATE_CANCEL_GRACE is {grace:g} seconds)"
+        )
+    return FailureReason.TIMEOUT, timeout_error(job)
 
 
 class Outcomes(Writes):
@@ -91,18 +101,28 @@ class Outcomes(Writes):
         """Fail `job` and, if its task allows another attempt, create it; return it.
 
         An attempt RELEASED (claimed, never started) always gets a next attempt, due at
-        once, that does not use up one of the task's attempts.
+        once, that does not use up one of the task's attempts. A running attempt that
+        someone asked to cancel fails as CANCELLED whatever ended it (the database
+        decides, so a stale `job` cannot miss a request), and is never retried.
         """
+        failure_reason: Any = reason
+        if job.state == State.RUNNING:
+            failure_reason = Case(
+                When(cancel_requested_at__isnull=False, then=Value(FailureReason.CANCELLED)),
+                default=Value(reason),
+            )
         with transaction.atomic(using=job._state.db):
             self._transition(
                 job,
                 State.FAILED,
                 finished_at=Now(),
-                failure_reason=reason,
+                failure_reason=failure_reason,
                 error_class=error_class,
                 error_message=error_message,
                 traceback=traceback,
             )
+            if job.failure_reason == FailureReason.CANCELLED:
+                return None
             if reason == FailureReason.RELEASED:
                 options: dict[str, Any] = {"max_attempts": job.max_attempts + 1}
             elif job.attempt < job.max_attempts:
@@ -179,7 +199,7 @@ class Outcomes(Writes):
                 due_now = next_attempt.run_after <= next_attempt.enqueued_at
                 if connection.vendor == "postgresql" and due_now:
                     with connection.cursor() as cursor:  # due at once: wake a worker
-                        cursor.execute(f"SELECT {NOTIFY}")
+                        cursor.execute(f"SELECT {NOTIFY_QUEUE}", [job.queue_name])
                 return next_attempt
         except IntegrityError as exc:
             if job.unique_key is not None and _violates_unique_key(exc):
@@ -266,13 +286,13 @@ class Outcomes(Writes):
         """Fail the attempts still running for a worker process that ended; return how many.
 
         Its supervisor knows from the worker's ledger which attempts it `started`: those
-        fail as `reason` (the one killed at its deadline as a timeout), and the others,
-        never begun, are released.
+        fail as `reason` (the one killed at its deadline as a timeout, or as cancelled if
+        someone asked), and the others, never begun, are released.
         """
         failed = 0
         for job in self.running().filter(worker_id=worker_id):
             if job.pk == timed_out:
-                failed += self._fail_each([job], FailureReason.TIMEOUT, timeout_error(job))
+                failed += self._fail_each([job], *stopped(job))
             elif job.pk in started:
                 failed += self._fail_each([job], reason, error)
             else:
@@ -282,9 +302,7 @@ class Outcomes(Writes):
     def time_out(self, worker_id: str, pk: int) -> int:
         """Fail `worker_id`'s attempt `pk` as past its timeout (1), unless it has moved on (0)."""
         jobs = self.running().filter(worker_id=worker_id, pk=pk)
-        return sum(
-            self._fail_each([job], FailureReason.TIMEOUT, timeout_error(job)) for job in jobs
-        )
+        return sum(self._fail_each([job], *stopped(job)) for job in jobs)
 
     def _fail_each(
         self,
@@ -332,27 +350,3 @@ class Outcomes(Writes):
             return True
         row = self.using(db).filter(pk=job.pk).select_for_update(skip_locked=True)
         return bool(list(row.values_list("pk", flat=True)))
-
-    def cancel(self, job: Job) -> None:
-        """Delete `job` if it is still queued: a cancelled job never runs."""
-        if not self.cancel_many([job.pk], using=job._state.db):
-            raise LostRace(f"Job {job.pk} is no longer queued; it was not cancelled.")
-
-    def cancel_many(self, pks: Iterable[int], *, using: str | None = None) -> int:
-        """Delete those of `pks` that are still queued; return how many were deleted.
-
-        One DELETE conditional on the state: QuerySet.delete() would read the rows first
-        and then delete them by pk alone, deleting a job claimed in between.
-        """
-        pks = list(pks)
-        if not pks:
-            return 0
-        connection = connections[using or router.db_for_write(self.model)]
-        qn = connection.ops.quote_name
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"DELETE FROM {qn(self.model._meta.db_table)} "
-                f"WHERE {qn('id')} IN ({', '.join(['%s'] * len(pks))}) AND {qn('state')} = %s",
-                [*pks, State.QUEUED],
-            )
-            return cursor.rowcount

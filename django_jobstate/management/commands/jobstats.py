@@ -18,6 +18,7 @@ class Command(BaseCommand):
         "and the workers with their running attempts; a worker silent for "
         "JOBSTATE_LOST_AFTER seconds is lost. --json prints one object: "
         '{"queues": {QUEUE: {"queued": N, "running": N, "succeeded": N, "failed": N}}, '
+        '"paused_queues": [QUEUE], "cancel_requested": N (running attempts asked to stop), '
         '"oldest_runnable_age_seconds": SECONDS or null, "workers": [{"worker_id": ID, '
         '"host": HOST, "pid": PID, "last_seen_age_seconds": SECONDS, "lost": BOOL, '
         '"running": N}], "lost_workers": N}. A worker with running attempts but no '
@@ -32,11 +33,17 @@ class Command(BaseCommand):
         if options["json"]:
             self.stdout.write(json.dumps(stats, indent=2))
             return
+        paused = set(stats["paused_queues"])
         queues = [
-            [queue, *(counts[state] for state in State.values)]
+            [queue, *(counts[state] for state in State.values), "PAUSED" if queue in paused else ""]
             for queue, counts in stats["queues"].items()
         ]
-        self.stdout.write(table(["queue", *State.values], queues) if queues else "No jobs.")
+        header = ["queue", *State.values, ""]
+        self.stdout.write(table(header, queues) if queues else "No jobs.")
+        if quiet := paused - set(stats["queues"]):
+            self.stdout.write(f"Paused queues without jobs: {', '.join(sorted(quiet))}.")
+        if stats["cancel_requested"]:
+            self.stdout.write(f"Running attempts asked to stop: {stats['cancel_requested']}.")
         oldest = stats["oldest_runnable_age_seconds"]
         self.stdout.write(
             "\nNo job is runnable."

@@ -1,0 +1,81 @@
+"""`manage.py jobqueues list|pause NAME|resume NAME`: see and pause the queues."""
+
+import argparse
+import getpass
+import json
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+
+from django_jobstate.models import Job, JobQueue
+from django_jobstate.states import State
+
+from .jobstats import table
+
+
+class Command(BaseCommand):
+    help = (
+        "List the queues (queued and running jobs, paused or not), or pause or resume one. "
+        "A paused queue's jobs are not claimed by any worker until it is resumed; running "
+        "jobs finish. The pause is stored in the database: it holds across restarts."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        sub = parser.add_subparsers(dest="action", required=True)
+        listing = sub.add_parser("list", help="List the queues.")
+        listing.add_argument("--json", action="store_true", help="Print JSON, for machines.")
+        for action in ("pause", "resume"):
+            one = sub.add_parser(action, help=f"{action.capitalize()} queue NAME.")
+            one.add_argument("name", metavar="NAME")
+            one.add_argument("--by", default="", help="Who asked (default: cli:<your login>).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["action"] == "list":
+            self.list(as_json=options["json"])
+            return
+        name, by = options["name"], options["by"] or f"cli:{getpass.getuser()}"
+        try:
+            if options["action"] == "pause":
+                JobQueue.objects.pause(name, by=by)
+            else:
+                JobQueue.objects.resume(name, by=by)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        done = "paused: no worker claims its jobs" if options["action"] == "pause" else "resumed"
+        self.stdout.write(f"Queue {name!r} {done}.")
+
+    def list(self, *, as_json: bool) -> None:
+        counts = Job.objects.live().counts_by_queue()
+        rows = {queue.name: queue for queue in JobQueue.objects.all()}
+        queues = []
+        for name in sorted(set(counts) | set(rows)):
+            row = rows.get(name)
+            paused_at = row.paused_at if row is not None else None
+            queues.append(
+                {
+                    "name": name,
+                    "paused": paused_at is not None,
+                    "paused_at": paused_at.isoformat() if paused_at else None,
+                    "changed_by": row.changed_by if row is not None else "",
+                    "queued": counts.get(name, {}).get(State.QUEUED, 0),
+                    "running": counts.get(name, {}).get(State.RUNNING, 0),
+                }
+            )
+        if as_json:
+            self.stdout.write(json.dumps(queues, indent=2))
+            return
+        if not queues:
+            self.stdout.write("No queues.")
+            return
+        header = ["queue", "status", "queued", "running", "changed by"]
+        lines = [
+            [
+                q["name"],
+                f"PAUSED since {q['paused_at']}" if q["paused"] else "running",
+                q["queued"],
+                q["running"],
+                q["changed_by"] or "-",
+            ]
+            for q in queues
+        ]
+        self.stdout.write(table(header, lines))

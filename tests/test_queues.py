@@ -1,0 +1,163 @@
+"""Pausing and resuming queues, and claims that never pay for another queue's backlog."""
+
+import logging
+import signal
+import threading
+import time
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.tasks import task_backends
+from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
+
+from django_jobstate.models import Job, JobQueue
+from django_jobstate.states import State
+from django_jobstate.wakeup import CHANNEL, Waiter
+from tests import tasks
+from tests.factories import JobFactory
+from tests.test_runjobs import wait_for
+
+POSTGRES = connection.vendor == "postgresql"
+
+
+def backend():
+    return task_backends["default"]
+
+
+@pytest.mark.django_db
+def test_no_claim_takes_a_paused_queues_jobs_until_it_is_resumed(caplog):
+    paused = JobFactory.create_batch(3, queue_name="emails", priority=10)  # first in order
+    other = JobFactory(queue_name="default")
+    with caplog.at_level(logging.WARNING, logger="django_jobstate"):
+        backend().pause_queue("emails", by="cli:ops")
+
+    assert Job.objects.claim("w", limit=10) == [other]
+    assert Job.objects.claim("w", queues=["emails"], limit=10) == []
+    assert Job.objects.claim("w", queues=["emails", "default"], limit=10) == []
+    queue = JobQueue.objects.get(name="emails")
+    assert queue.paused
+    assert queue.changed_by == "cli:ops"
+    assert "Queue 'emails' paused by cli:ops" in caplog.text
+
+    backend().pause_queue("emails")  # again: still paused since the first time
+    assert JobQueue.objects.get(name="emails").paused_at == queue.paused_at
+    backend().resume_queue("emails", by="admin:ada")
+    assert not JobQueue.objects.get(name="emails").paused
+    assert {job.pk for job in Job.objects.claim("w", limit=10)} == {job.pk for job in paused}
+    assert "Queue 'emails' resumed by admin:ada" in caplog.text
+
+
+@pytest.mark.django_db
+def test_a_claim_from_several_queues_merges_their_heads_in_claim_order():
+    base = timezone.now() - timedelta(seconds=10)
+    a0 = JobFactory(queue_name="a", priority=0, run_after=base + timedelta(seconds=1))
+    c0 = JobFactory(queue_name="c", priority=0, run_after=base + timedelta(seconds=2))
+    JobFactory(queue_name="b", priority=0, run_after=base + timedelta(seconds=3))
+    a1 = JobFactory(queue_name="a", priority=1, run_after=base + timedelta(seconds=4))
+    b5 = JobFactory(queue_name="b", priority=5, run_after=base + timedelta(seconds=5))
+    JobFactory(queue_name="d", priority=100)  # not asked for
+
+    claimed = Job.objects.claim("w", queues=["a", "b", "c"], limit=4)
+
+    assert [job.pk for job in claimed] == [b5.pk, a1.pk, a0.pk, c0.pk]
+    assert Job.objects.queue_names() == ["b", "d"]  # those left queued
+
+
+@pytest.mark.django_db
+def test_queue_names_lists_the_queues_with_queued_jobs():
+    for name in ["b", "a", "b", "c"]:
+        JobFactory(queue_name=name)
+    JobFactory.in_state(State.SUCCEEDED, queue_name="done")
+    assert Job.objects.queue_names() == ["a", "b", "c"]
+
+
+@pytest.mark.skipif(not POSTGRES, reason="PostgreSQL's index pages")
+@pytest.mark.django_db
+def test_a_claim_from_one_queue_reads_no_other_queues_backlog():
+    """Claim order used to put every queue in one index range: a claim for "emails"
+    walked the queued rows of the other queues before it. Now each queue is its own."""
+    Job.objects.enqueue_many("tests.tasks.record", [(("x",), {})] * 20_000, priority=50)
+    JobFactory(queue_name="emails")
+
+    with CaptureQueriesContext(connection) as queries:
+        assert len(Job.objects.claim("w", queues=["emails"])) == 1
+    [sql] = [q["sql"] for q in queries if "UPDATE" in q["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {sql}")
+        [[plan]] = cursor.fetchone()
+    nodes, pages = [plan["Plan"]], 0
+    while nodes:
+        node = nodes.pop()
+        nodes.extend(node.get("Plans", []))
+        if node.get("Index Name") == "jobstate_job_runnable":
+            pages += node["Shared Hit Blocks"] + node["Shared Read Blocks"]
+    assert pages < 10  # the 20,000 other rows take ~100 pages of the index
+
+
+@pytest.mark.skipif(not POSTGRES, reason="LISTEN/NOTIFY is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_an_enqueue_wakes_only_the_workers_of_its_queue():
+    stopping = threading.Event()
+    emails, every = Waiter(stopping, queues=["emails"]), Waiter(stopping)
+    try:
+        for waiter in (emails, every):
+            waiter._listen()
+        tasks.record.enqueue("default queue")
+        started = time.monotonic()
+        emails.wait(0.5)
+        assert time.monotonic() - started >= 0.45  # slept through another queue's job
+        every.wait(5)
+        assert every.payloads == ["default"]
+        tasks.email.enqueue("ada@example.com")
+        emails.wait(5)
+        assert emails.payloads == ["emails"]
+    finally:
+        emails.close()
+        every.close()
+    assert CHANNEL == "django_jobstate"
+
+
+def db_now():
+    """The time by the clock the claim writes started_at with, read after a commit."""
+    if not POSTGRES:
+        return timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT STATEMENT_TIMESTAMP()")
+        return cursor.fetchone()[0]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_pause_while_four_workers_drain_stops_that_queue_only_and_survives_a_restart(runjobs):
+    sleepy = tasks.sleep_then_record
+    backend().bulk_enqueue(sleepy, [((f"d{n}", 0.01), {}) for n in range(1500)])
+    backend().bulk_enqueue(
+        sleepy.using(queue_name="emails"), [((f"e{n}", 0.01), {}) for n in range(1500)]
+    )
+    proc = runjobs.start("--concurrency", "4")
+    default = Job.objects.filter(queue_name="default")
+    wait_for(lambda: default.filter(state=State.SUCCEEDED).count() >= 50, timeout=60)
+
+    backend().pause_queue("default", by="test")
+    paused_at = db_now()  # after the pause committed
+    time.sleep(1.5)
+    assert not default.filter(started_at__gt=paused_at).exists()
+    emails = Job.objects.filter(queue_name="emails")
+    assert emails.filter(started_at__gt=paused_at).exists(), "the other queue stopped too"
+    assert not default.filter(state=State.RUNNING).exists()  # the ones in hand finished
+
+    # A restart while paused: still paused.
+    runjobs.stop(proc, signal.SIGTERM)
+    proc = runjobs.start("--concurrency", "4")
+    restarted_at = db_now()
+    wait_for(lambda: emails.filter(started_at__gt=restarted_at).exists(), timeout=60)
+    assert not default.filter(started_at__gt=paused_at).exists()
+    left = default.filter(state=State.QUEUED).count()
+    assert left > 0
+
+    backend().resume_queue("default", by="test")
+    wait_for(lambda: not Job.objects.live().exists(), timeout=120)
+    assert default.filter(state=State.SUCCEEDED).count() == 1500
+    assert proc.poll() is None
