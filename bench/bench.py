@@ -33,10 +33,27 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: import the bench.* siblings, not this file
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from bench.bench_peers import PEER_KEYS, peer_systems
 from bench.bench_report import render_table
-from bench.bench_run import ROOT, SYSTEMS, Database, System, Workers, helper
+from bench.bench_run import ROOT, SYSTEMS, Database, System, Workers, helper, pg_admin
 
-FIGURES = ["drain", "enqueue", "latency", "history", "memory"]
+FIGURES = [
+    "drain",
+    "enqueue",
+    "txn",
+    "latency",
+    "priority",
+    "io",
+    "many",
+    "history",
+    "memory",
+]
+# Figures only some systems can take part in (the peers' own list is in bench_peers).
+ONLY = {"txn": {"jobstate", "tasksdb"}, "priority": {"jobstate", "tasksdb"}, "many": {"jobstate"}}
+POSTGRES_ONLY = {"many"}  # connections per supervisor are read from pg_stat_activity
+# The task each system's I/O-bound drain runs: sync `time.sleep` for the Django runners
+# and Celery's prefork pool, `asyncio.sleep` for Procrastinate's async workers.
+IO_TASK = {"jobstate": "io_sleep", "tasksdb": "io_sleep"}
 
 
 @dataclass(frozen=True)
@@ -57,6 +74,21 @@ class Sizes:
     memory: int = 100_000  # jobs run by one worker while its RSS is sampled
     memory_early: int = 1_000  # ... compared with its RSS after this many
     repeat: int = 3  # drains per drain and history figure; the median counts
+    txn: int = 2_000  # enqueues inside a transaction, and as many with their own commit
+    # The I/O-bound drain: jobs that each wait 100 ms, drained for at most io_budget
+    # seconds (one job at a time per process needs 200 s for 2,000): jobs/s of those done.
+    io: int = 2_000
+    io_budget: float = 20.0
+    # A high-priority job every 1/priority_rate s for priority_seconds, while
+    # priority_workers drain a backlog of 5 ms jobs.
+    backlog: int = 20_000
+    priority_workers: int = 4
+    priority_rate: float = 10.0
+    priority_seconds: float = 5.0
+    # Many workers: supervisors x processes on one PostgreSQL, many no-op jobs.
+    many: int = 50_000
+    many_supervisors: int = 2
+    many_processes: int = 16
 
 
 FULL = Sizes()
@@ -72,6 +104,13 @@ QUICK = Sizes(
     history_budget=20.0,
     history_drain=500,
     history_repeat=1,
+    txn=200,
+    io=200,
+    io_budget=3.0,
+    backlog=2_000,
+    priority_seconds=2.0,
+    many=2_000,
+    many_processes=2,
 )
 
 
@@ -85,7 +124,9 @@ class Bench:
 
     def run(self, figures: list[str]) -> None:
         for figure in figures:
-            for system in self.systems:  # each figure for both, back to back
+            for system in self.systems:  # each figure for all, back to back
+                if not self.takes_part(system, figure):
+                    continue
                 print(f"  {figure}: {system.label} ...", file=sys.stderr, flush=True)
                 started = time.perf_counter()
                 try:
@@ -97,6 +138,13 @@ class Bench:
                 result["bench_seconds"] = time.perf_counter() - started
                 self.results.setdefault(figure, {})[system.key] = result
 
+    def takes_part(self, system: System, figure: str) -> bool:
+        if system.figures is not None and figure not in system.figures:
+            return False
+        if figure in POSTGRES_ONLY and self.db.vendor != "postgres":
+            return False
+        return system.key in ONLY.get(figure, {system.key})
+
     def drain_in(
         self,
         system: System,
@@ -104,16 +152,27 @@ class Bench:
         n: int,
         workers: int,
         budget: float | None = None,
+        task: str = "noop",
     ) -> dict[str, Any]:
-        """Enqueue `n` no-op jobs (bulk, untimed), run `workers` workers until all are
-        terminal, check each succeeded exactly once. With a `budget` (seconds), stop the
-        workers then and count the jobs done so far."""
-        seeded = helper(env, "seed", str(n))
+        """Enqueue `n` jobs of `task` (bulk, untimed), run `workers` worker processes
+        until all are terminal, check each succeeded exactly once. With a `budget`
+        (seconds), stop the workers then and count the jobs done so far. A system whose
+        workers cannot exit once idle (Celery) is stopped when its record shows `n` runs."""
+        seeded = helper(env, "seed", str(n), task)
         procs = Workers(system, env, workers, burst=True)
         try:
-            wall = procs.wait(timeout=budget or max(300.0, n / 10))
+            timeout = budget or max(300.0, n / 10)
+            if system.burst:
+                wall = procs.wait(timeout=timeout)
+            else:
+                waited = helper(env, "wait_done", str(n), str(timeout), task)
+                wall = time.perf_counter() - procs.started if waited["finished"] else None
+                if wall is None:
+                    procs.kill()
+                else:
+                    procs.stop()
             partial = wall is None and budget is not None
-            checked = helper(env, "check", str(n), *(["partial"] if partial else []))
+            checked = helper(env, "check", str(n), "partial" if partial else "", task)
             problems = list(checked.pop("problems"))
             stopped = partial and checked["done"] < n
             if wall is None and budget is None:
@@ -141,9 +200,113 @@ class Bench:
 
     def drain(self, system: System) -> dict[str, Any]:
         out = {str(w): self.median_drain(system, {}, w) for w in self.sizes.workers}
-        # Django's default CONN_MAX_AGE=0 instead of persistent connections (bench_settings).
-        out["1-conn0"] = self.median_drain(system, {"BENCH_CONN_MAX_AGE": "0"}, 1)
+        if not system.peer:
+            # Django's default CONN_MAX_AGE=0 instead of persistent connections.
+            out["1-conn0"] = self.median_drain(system, {"BENCH_CONN_MAX_AGE": "0"}, 1)
         return out
+
+    def io(self, system: System) -> dict[str, Any]:
+        """2,000 jobs that each wait 100 ms, drained for at most `io_budget` seconds."""
+        n, budget = self.sizes.io, self.sizes.io_budget
+        task = IO_TASK.get(system.key, "io")
+        out = {}
+        for w in self.sizes.workers:
+            out[str(w)] = self.drain_in(system, self.db.fresh(system), n, w, budget, task)
+        if system.key == "jobstate":  # an async task: today, also one at a time
+            env = self.db.fresh(system)
+            out["1-async"] = self.drain_in(system, env, n, 1, budget, "io_async")
+        return out
+
+    def txn(self, system: System) -> dict[str, Any]:
+        return helper(self.db.fresh(system), "enqueue_txn", str(self.sizes.txn))
+
+    def priority(self, system: System) -> dict[str, Any]:
+        """Start latency of high-priority jobs enqueued while workers drain a backlog."""
+        s = self.sizes
+        env = self.db.fresh(system)
+        helper(env, "seed", str(s.backlog), "backlog")
+        procs = Workers(system, env, s.priority_workers, burst=False)
+        try:
+            rate, seconds = str(s.priority_rate), str(s.priority_seconds)
+            fed = helper(env, "urgent", rate, seconds, "120")
+            procs.stop()
+        finally:
+            procs.cleanup()
+        ms = helper(env, "latencies", "urgent")["ms"]
+        if not fed["finished"]:
+            self.problems.append(
+                (system.key, "priority", f"only {fed['done']} of {fed['fed']} ran")
+            )
+        if not fed["backlog_left"]:
+            self.problems.append((system.key, "priority", "the backlog ran out: make it larger"))
+        return {
+            "fed": fed["fed"],
+            "backlog_left": fed["backlog_left"],
+            "p50": percentile(ms, 50),
+            "p99": percentile(ms, 99),
+            "max": ms[-1] if ms else None,
+        }
+
+    def many(self, system: System) -> dict[str, Any]:
+        """Supervisors of many worker processes on one PostgreSQL: they start on an empty
+        queue (and settle), then `many` no-op jobs are enqueued in bulk. Throughput from
+        the jobs' own rows; each supervisor's connections (all its processes run under one
+        PGAPPNAME) sampled from pg_stat_activity all along, the peak reported."""
+        s = self.sizes
+        env = self.db.fresh(system)
+        sups = [
+            Workers(system, {**env, "PGAPPNAME": f"bench-sup-{i}"}, s.many_processes, burst=False)
+            for i in range(s.many_supervisors)
+        ]
+        peak: dict[str, int] = {}
+        idle: dict[str, int] = {}
+
+        def sample() -> dict[str, int]:
+            with pg_admin() as conn:
+                rows = conn.execute(
+                    "SELECT application_name, count(*) FROM pg_stat_activity "
+                    "WHERE datname = %s AND application_name LIKE 'bench-sup-%%' GROUP BY 1",
+                    [env["BENCH_DB_NAME"]],
+                ).fetchall()
+            counts = {name: int(count) for name, count in rows}
+            for name, count in counts.items():
+                peak[name] = max(peak.get(name, 0), count)
+            return counts
+
+        try:
+            # Settled: the same counts for a second, or 60 s.
+            deadline, last, stable_since = time.monotonic() + 60, None, time.monotonic()
+            while time.monotonic() < deadline:
+                now = sample()
+                if now != last:
+                    last, stable_since = now, time.monotonic()
+                elif now and time.monotonic() - stable_since > 1.0:
+                    break
+                time.sleep(0.1)
+            idle = dict(last or {})
+            feed = helper_process(env, "seed_and_wait", str(s.many), "600")
+            while feed.poll() is None:
+                sample()
+                time.sleep(0.2)
+            for sup in sups:
+                sup.stop()
+        finally:
+            for sup in sups:
+                sup.cleanup()
+        checked = helper(env, "check", str(s.many))
+        for problem in checked["problems"]:
+            self.problems.append((system.key, "many", problem))
+        span = checked["span"]
+        return {
+            "n": s.many,
+            "supervisors": s.many_supervisors,
+            "processes": s.many_processes,
+            "rate": checked["succeeded"] / span if span else None,
+            "connections_peak": peak,
+            "connections_idle": idle,
+            "max_per_supervisor": max(peak.values(), default=None),
+            "problems": checked["problems"],
+        }
 
     def median_drain(
         self, system: System, env: dict[str, str], workers: int, history: bool = False
@@ -261,6 +424,16 @@ class Bench:
         }
 
 
+def helper_process(env: dict[str, str], *args: str) -> subprocess.Popen[bytes]:
+    """A helper command running in the background (its output discarded)."""
+    return subprocess.Popen(
+        [env["BENCH_PYTHON"], "-m", env["BENCH_HELPER"], *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+    )
+
+
 def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The median drain by jobs/s, with every run's jobs/s beside it."""
     runs = sorted(runs, key=lambda run: run["rate"] or 0)
@@ -315,7 +488,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
     parser.add_argument("--only", type=names(FIGURES), default=FIGURES, metavar="FIGURES")
     parser.add_argument(
-        "--systems", type=names([s.key for s in SYSTEMS]), default=[s.key for s in SYSTEMS]
+        "--systems",
+        type=names([s.key for s in SYSTEMS] + PEER_KEYS),
+        help="default: all of them; with --quick, django-jobstate and django-tasks-db only",
+    )
+    parser.add_argument(
+        "--peers", action="store_true", help="with --quick: Celery and Procrastinate too"
     )
     parser.add_argument("--n", type=int, help="jobs per drain (default 5,000; quick 500)")
     parser.add_argument("--history-rows", type=int, help="default 1,000,000; quick 10,000")
@@ -346,6 +524,21 @@ def main(argv: list[str] | None = None) -> int:
     ]:
         if value is not None:
             sizes = replace(sizes, **{field: value})
+    if args.systems is None:
+        args.systems = [s.key for s in SYSTEMS]
+        if args.peers or not args.quick:
+            args.systems += PEER_KEYS
+    peers = [p for p in peer_systems() if p.key in args.systems]
+    wanted = set(args.systems) & set(PEER_KEYS)
+    if wanted - {p.key for p in peers}:
+        print(
+            f"{', '.join(sorted(wanted - {p.key for p in peers}))}: run through scripts/bench, "
+            "which makes their environments and starts Redis (BENCH_REDIS_URL, "
+            "BENCH_CELERY_PYTHON, BENCH_PROCRASTINATE_PYTHON), or leave them out "
+            "(--systems jobstate,tasksdb).",
+            file=sys.stderr,
+        )
+        return 2
     systems = [s for s in SYSTEMS if s.key in args.systems]
     if "tasksdb" in args.systems and importlib.util.find_spec("django_tasks_db") is None:
         print(
@@ -364,15 +557,17 @@ def main(argv: list[str] | None = None) -> int:
         for vendor in vendors:
             db = Database(vendor, args.prefix, Path(workdir))
             meta = {**machine_info(), **db.server_info(), "sizes": asdict(sizes)}
+            ran = systems + (peers if vendor == "postgres" else [])
+            meta["peers"] = {p.key: helper(db.env(p, "postgres"), "info") for p in ran if p.peer}
             meta["commits_per_second"] = db.calibrate(1 if args.quick else 5)
             print(f"== {vendor}: {json.dumps(meta)}", file=sys.stderr, flush=True)
-            bench = Bench(db, systems, sizes)
+            bench = Bench(db, ran, sizes)
             try:
                 bench.run([f for f in FIGURES if f in args.only])
             finally:
                 db.drop_all()
             meta["load_average_after"] = os.getloadavg()
-            table = render_table(vendor, meta, sizes, systems, bench.results, bench.problems)
+            table = render_table(vendor, meta, sizes, ran, bench.results, bench.problems)
             print(table, flush=True)
             path = args.output / f"bench-{vendor}.json"
             record = {"db": vendor, "meta": meta, "results": bench.results, "table": table}
