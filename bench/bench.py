@@ -78,7 +78,7 @@ class Sizes:
     # The I/O-bound drain: jobs that each wait 100 ms, drained for at most io_budget
     # seconds (one job at a time per process needs 200 s for 2,000): jobs/s of those done.
     io: int = 2_000
-    io_budget: float = 20.0
+    io_budget: float = 12.0
     # A high-priority job every 1/priority_rate s for priority_seconds, while
     # priority_workers drain a backlog of 5 ms jobs.
     backlog: int = 20_000
@@ -106,9 +106,9 @@ QUICK = Sizes(
     history_repeat=1,
     txn=200,
     io=200,
-    io_budget=3.0,
+    io_budget=2.0,
     backlog=2_000,
-    priority_seconds=2.0,
+    priority_seconds=1.0,
     many=2_000,
     many_processes=2,
 )
