@@ -251,7 +251,8 @@ class Bench:
         """Supervisors of many worker processes on one PostgreSQL: they start on an empty
         queue (and settle), then `many` no-op jobs are enqueued in bulk. Throughput from
         the jobs' own rows; each supervisor's connections (all its processes run under one
-        PGAPPNAME) sampled from pg_stat_activity all along, the peak reported."""
+        PGAPPNAME) sampled from pg_stat_activity all along, the peak reported, and how
+        many of them sit in LISTEN (their last statement)."""
         s = self.sizes
         env = self.db.fresh(system)
         sups = [
@@ -259,28 +260,34 @@ class Bench:
             for i in range(s.many_supervisors)
         ]
         peak: dict[str, int] = {}
-        idle: dict[str, int] = {}
+        listeners: dict[str, int] = {}
 
         def sample() -> dict[str, int]:
             with pg_admin() as conn:
                 rows = conn.execute(
-                    "SELECT application_name, count(*) FROM pg_stat_activity "
+                    "SELECT application_name, count(*), "
+                    "count(*) FILTER (WHERE query ILIKE 'LISTEN%%') FROM pg_stat_activity "
                     "WHERE datname = %s AND application_name LIKE 'bench-sup-%%' GROUP BY 1",
                     [env["BENCH_DB_NAME"]],
                 ).fetchall()
-            counts = {name: int(count) for name, count in rows}
-            for name, count in counts.items():
-                peak[name] = max(peak.get(name, 0), count)
-            return counts
+            for name, count, listening in rows:
+                peak[name] = max(peak.get(name, 0), int(count))
+                listeners[name] = max(listeners.get(name, 0), int(listening))
+            return {name: int(count) for name, count, _ in rows}
 
         try:
-            # Settled: the same counts for a second, or 60 s.
-            deadline, last, stable_since = time.monotonic() + 60, None, time.monotonic()
+            # Settled: every process connected (at least one connection each) and the
+            # same counts for a second; or 120 s.
+            deadline, last, stable_since = time.monotonic() + 120, None, time.monotonic()
             while time.monotonic() < deadline:
                 now = sample()
                 if now != last:
                     last, stable_since = now, time.monotonic()
-                elif now and time.monotonic() - stable_since > 1.0:
+                elif (
+                    len(now) == s.many_supervisors
+                    and min(now.values()) >= s.many_processes
+                    and time.monotonic() - stable_since > 1.0
+                ):
                     break
                 time.sleep(0.1)
             idle = dict(last or {})
@@ -304,6 +311,7 @@ class Bench:
             "rate": checked["succeeded"] / span if span else None,
             "connections_peak": peak,
             "connections_idle": idle,
+            "listeners_peak": listeners,
             "max_per_supervisor": max(peak.values(), default=None),
             "problems": checked["problems"],
         }

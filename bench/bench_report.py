@@ -117,6 +117,12 @@ def rows(sizes: Any) -> list[tuple[str, str, Getter, str]]:
             lambda r: r["max_per_supervisor"],
             "{:,.0f}",
         ),
+        (
+            "many",
+            "... of them in LISTEN (peak)",
+            lambda r: max(r["listeners_peak"].values()),
+            "{:,.0f}",
+        ),
     ]
     history = [
         ("empty", "empty table"),
@@ -313,7 +319,8 @@ def target_lines(results: dict[str, Any], sizes: Any) -> list[str]:
         if got is None:
             return f"- {what}: not measured (target {target})"
         verdict = "met" if met else "**NOT MET**"
-        return f"- {what}: {got:,.2f}{unit} (target {target}): {verdict}"
+        number = f"{got:,.0f}" if unit == "" else f"{got:,.2f}{unit}"
+        return f"- {what}: {number} (target {target}): {verdict}"
 
     out = ["Targets (issue 17):"]
     ours4 = get("drain", "jobstate", "4", "rate")
@@ -359,10 +366,15 @@ def target_lines(results: dict[str, Any], sizes: Any) -> list[str]:
     many = get("many", "jobstate", "rate")
     r = div(many, ours4)
     conns = get("many", "jobstate", "max_per_supervisor")
+    listening = max(
+        (results.get("many", {}).get("jobstate") or {}).get("listeners_peak", {}).values(),
+        default=None,
+    )
     if r is not None:
         out.append(
             f"- {sizes.many_supervisors} supervisors x {sizes.many_processes} processes: "
-            f"{many:,.0f} jobs/s, {r:.2f}x the 4-worker drain; peak {conns} database "
-            f"connections per supervisor ({sizes.many_processes} worker processes each)"
+            f"{many:,.0f} jobs/s, {r:.2f}x the 4-worker drain (the issue: throughput holds); "
+            f"peak {conns} database connections per supervisor"
         )
+    out.append(line("LISTEN connections per supervisor", listening, "1", listening == 1, ""))
     return out
