@@ -33,10 +33,25 @@ from typing import Any
 if __package__ in (None, ""):  # run as a script: import the bench.* siblings, not this file
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
+from bench.bench_figures import Issue17Figures, percentile
+from bench.bench_peers import PEER_KEYS, peer_systems
 from bench.bench_report import render_table
 from bench.bench_run import ROOT, SYSTEMS, Database, System, Workers, helper
 
-FIGURES = ["drain", "enqueue", "latency", "history", "memory"]
+FIGURES = [
+    "drain",
+    "enqueue",
+    "txn",
+    "latency",
+    "priority",
+    "io",
+    "many",
+    "history",
+    "memory",
+]
+# Figures only some systems can take part in (the peers' own list is in bench_peers).
+ONLY = {"txn": {"jobstate", "tasksdb"}, "priority": {"jobstate", "tasksdb"}, "many": {"jobstate"}}
+POSTGRES_ONLY = {"many"}  # connections per supervisor are read from pg_stat_activity
 
 
 @dataclass(frozen=True)
@@ -57,6 +72,21 @@ class Sizes:
     memory: int = 100_000  # jobs run by one worker while its RSS is sampled
     memory_early: int = 1_000  # ... compared with its RSS after this many
     repeat: int = 3  # drains per drain and history figure; the median counts
+    txn: int = 2_000  # enqueues inside a transaction, and as many with their own commit
+    # The I/O-bound drain: jobs that each wait 100 ms, drained for at most io_budget
+    # seconds (one job at a time per process needs 200 s for 2,000): jobs/s of those done.
+    io: int = 2_000
+    io_budget: float = 12.0
+    # A high-priority job every 1/priority_rate s for priority_seconds, while
+    # priority_workers drain a backlog of 5 ms jobs.
+    backlog: int = 20_000
+    priority_workers: int = 4
+    priority_rate: float = 10.0
+    priority_seconds: float = 5.0
+    # Many workers: supervisors x processes on one PostgreSQL, many no-op jobs.
+    many: int = 50_000
+    many_supervisors: int = 2
+    many_processes: int = 16
 
 
 FULL = Sizes()
@@ -72,10 +102,17 @@ QUICK = Sizes(
     history_budget=20.0,
     history_drain=500,
     history_repeat=1,
+    txn=200,
+    io=200,
+    io_budget=2.0,
+    backlog=2_000,
+    priority_seconds=1.0,
+    many=2_000,
+    many_processes=2,
 )
 
 
-class Bench:
+class Bench(Issue17Figures):
     def __init__(self, db: Database, systems: list[System], sizes: Sizes) -> None:
         self.db = db
         self.systems = systems
@@ -85,7 +122,9 @@ class Bench:
 
     def run(self, figures: list[str]) -> None:
         for figure in figures:
-            for system in self.systems:  # each figure for both, back to back
+            for system in self.systems:  # each figure for all, back to back
+                if not self.takes_part(system, figure):
+                    continue
                 print(f"  {figure}: {system.label} ...", file=sys.stderr, flush=True)
                 started = time.perf_counter()
                 try:
@@ -97,6 +136,13 @@ class Bench:
                 result["bench_seconds"] = time.perf_counter() - started
                 self.results.setdefault(figure, {})[system.key] = result
 
+    def takes_part(self, system: System, figure: str) -> bool:
+        if system.figures is not None and figure not in system.figures:
+            return False
+        if figure in POSTGRES_ONLY and self.db.vendor != "postgres":
+            return False
+        return system.key in ONLY.get(figure, {system.key})
+
     def drain_in(
         self,
         system: System,
@@ -104,16 +150,27 @@ class Bench:
         n: int,
         workers: int,
         budget: float | None = None,
+        task: str = "noop",
     ) -> dict[str, Any]:
-        """Enqueue `n` no-op jobs (bulk, untimed), run `workers` workers until all are
-        terminal, check each succeeded exactly once. With a `budget` (seconds), stop the
-        workers then and count the jobs done so far."""
-        seeded = helper(env, "seed", str(n))
+        """Enqueue `n` jobs of `task` (bulk, untimed), run `workers` worker processes
+        until all are terminal, check each succeeded exactly once. With a `budget`
+        (seconds), stop the workers then and count the jobs done so far. A system whose
+        workers cannot exit once idle (Celery) is stopped when its record shows `n` runs."""
+        seeded = helper(env, "seed", str(n), task)
         procs = Workers(system, env, workers, burst=True)
         try:
-            wall = procs.wait(timeout=budget or max(300.0, n / 10))
+            timeout = budget or max(300.0, n / 10)
+            if system.burst:
+                wall = procs.wait(timeout=timeout)
+            else:
+                waited = helper(env, "wait_done", str(n), str(timeout), task)
+                wall = time.perf_counter() - procs.started if waited["finished"] else None
+                if wall is None:
+                    procs.kill()
+                else:
+                    procs.stop()
             partial = wall is None and budget is not None
-            checked = helper(env, "check", str(n), *(["partial"] if partial else []))
+            checked = helper(env, "check", str(n), "partial" if partial else "", task)
             problems = list(checked.pop("problems"))
             stopped = partial and checked["done"] < n
             if wall is None and budget is None:
@@ -141,8 +198,9 @@ class Bench:
 
     def drain(self, system: System) -> dict[str, Any]:
         out = {str(w): self.median_drain(system, {}, w) for w in self.sizes.workers}
-        # Django's default CONN_MAX_AGE=0 instead of persistent connections (bench_settings).
-        out["1-conn0"] = self.median_drain(system, {"BENCH_CONN_MAX_AGE": "0"}, 1)
+        if not system.peer:
+            # Django's default CONN_MAX_AGE=0 instead of persistent connections.
+            out["1-conn0"] = self.median_drain(system, {"BENCH_CONN_MAX_AGE": "0"}, 1)
         return out
 
     def median_drain(
@@ -267,15 +325,6 @@ def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {**runs[len(runs) // 2], "runs": [run["rate"] for run in runs]}
 
 
-def percentile(values: list[float], pct: float) -> float | None:
-    """Linear interpolation between closest ranks of sorted `values`."""
-    if not values:
-        return None
-    k = (len(values) - 1) * pct / 100
-    lo, hi = int(k), min(int(k) + 1, len(values) - 1)
-    return values[lo] + (values[hi] - values[lo]) * (k - lo)
-
-
 def machine_info() -> dict[str, Any]:
     import django
 
@@ -315,7 +364,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--db", choices=["sqlite", "postgres", "both"], default="both")
     parser.add_argument("--only", type=names(FIGURES), default=FIGURES, metavar="FIGURES")
     parser.add_argument(
-        "--systems", type=names([s.key for s in SYSTEMS]), default=[s.key for s in SYSTEMS]
+        "--systems",
+        type=names([s.key for s in SYSTEMS] + PEER_KEYS),
+        help="default: all of them; with --quick, django-jobstate and django-tasks-db only",
+    )
+    parser.add_argument(
+        "--peers", action="store_true", help="with --quick: Celery and Procrastinate too"
     )
     parser.add_argument("--n", type=int, help="jobs per drain (default 5,000; quick 500)")
     parser.add_argument("--history-rows", type=int, help="default 1,000,000; quick 10,000")
@@ -346,6 +400,21 @@ def main(argv: list[str] | None = None) -> int:
     ]:
         if value is not None:
             sizes = replace(sizes, **{field: value})
+    if args.systems is None:
+        args.systems = [s.key for s in SYSTEMS]
+        if args.peers or not args.quick:
+            args.systems += PEER_KEYS
+    peers = [p for p in peer_systems() if p.key in args.systems]
+    wanted = set(args.systems) & set(PEER_KEYS)
+    if wanted - {p.key for p in peers}:
+        print(
+            f"{', '.join(sorted(wanted - {p.key for p in peers}))}: run through scripts/bench, "
+            "which makes their environments and starts Redis (BENCH_REDIS_URL, "
+            "BENCH_CELERY_PYTHON, BENCH_PROCRASTINATE_PYTHON), or leave them out "
+            "(--systems jobstate,tasksdb).",
+            file=sys.stderr,
+        )
+        return 2
     systems = [s for s in SYSTEMS if s.key in args.systems]
     if "tasksdb" in args.systems and importlib.util.find_spec("django_tasks_db") is None:
         print(
@@ -364,15 +433,17 @@ def main(argv: list[str] | None = None) -> int:
         for vendor in vendors:
             db = Database(vendor, args.prefix, Path(workdir))
             meta = {**machine_info(), **db.server_info(), "sizes": asdict(sizes)}
+            ran = systems + (peers if vendor == "postgres" else [])
+            meta["peers"] = {p.key: helper(db.env(p, "postgres"), "info") for p in ran if p.peer}
             meta["commits_per_second"] = db.calibrate(1 if args.quick else 5)
             print(f"== {vendor}: {json.dumps(meta)}", file=sys.stderr, flush=True)
-            bench = Bench(db, systems, sizes)
+            bench = Bench(db, ran, sizes)
             try:
                 bench.run([f for f in FIGURES if f in args.only])
             finally:
                 db.drop_all()
             meta["load_average_after"] = os.getloadavg()
-            table = render_table(vendor, meta, sizes, systems, bench.results, bench.problems)
+            table = render_table(vendor, meta, sizes, ran, bench.results, bench.problems)
             print(table, flush=True)
             path = args.output / f"bench-{vendor}.json"
             record = {"db": vendor, "meta": meta, "results": bench.results, "table": table}

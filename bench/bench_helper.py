@@ -17,10 +17,11 @@ from typing import Any
 import django
 
 
-def seed(rows: Any, n: str) -> dict[str, Any]:
-    """Enqueue `n` no-op jobs by the fastest path the system offers (setup, not timed)."""
+def seed(rows: Any, n: str, task: str = "noop") -> dict[str, Any]:
+    """Enqueue `n` jobs of `task` (no-op by default) by the fastest path the system offers
+    (setup, not timed)."""
     started = time.perf_counter()
-    path = rows.seed(int(n))
+    path = rows.seed(int(n), rows.task(task))
     return {"path": path, "seconds": time.perf_counter() - started}
 
 
@@ -74,13 +75,13 @@ def table_stats(rows: Any) -> dict[str, Any]:
     return rows.table_stats()
 
 
-def check(rows: Any, expected: str, partial: str = "") -> dict[str, Any]:
+def check(rows: Any, expected: str, partial: str = "", task: str = "noop") -> dict[str, Any]:
     """Did every no-op job succeed exactly once? And the span from first start to last end.
 
     `partial`: the workers were stopped early (a time budget), so unfinished jobs are
     expected; every finished one must still have succeeded, once.
     """
-    jobs = rows.jobs()
+    jobs = rows.jobs(rows.task(task))
     total = jobs.count()
     succeeded = jobs.filter(rows.succeeded_q).count()
     done = jobs.filter(rows.terminal_q).count()
@@ -126,14 +127,69 @@ def feed(rows: Any, rate: str, seconds: str, wait: str) -> dict[str, Any]:
     return {"fed": count, "seconds": fed_in, "done": rows.done(rows.noop), "finished": finished}
 
 
-def wait_done(rows: Any, expected: str, timeout: str) -> dict[str, Any]:
-    finished = wait_for(lambda: rows.done(rows.noop) >= int(expected), float(timeout))
-    return {"finished": finished, "done": rows.done(rows.noop)}
+def wait_done(rows: Any, expected: str, timeout: str, task: str = "noop") -> dict[str, Any]:
+    job = rows.task(task)
+    finished = wait_for(lambda: rows.done(job) >= int(expected), float(timeout))
+    return {"finished": finished, "done": rows.done(job)}
 
 
-def latencies(rows: Any) -> dict[str, Any]:
-    """Milliseconds from each no-op job's enqueued_at to its started_at."""
-    pairs = rows.jobs().exclude(started_at=None).values_list("enqueued_at", "started_at")
+def seed_and_wait(rows: Any, n: str, timeout: str) -> dict[str, Any]:
+    """Enqueue `n` no-op jobs in bulk to running workers, then wait until all have run."""
+    seed(rows, n)
+    return wait_done(rows, n, timeout)
+
+
+def urgent(rows: Any, rate: str, seconds: str, wait: str) -> dict[str, Any]:
+    """While workers drain a backlog: enqueue high-priority jobs at a steady `rate` for
+    `seconds`, then wait until they have all run (the backlog may still be going)."""
+    job, backlog = rows.task("urgent"), rows.task("backlog")
+    if not wait_for(lambda: rows.done(backlog) >= 1, float(wait)):
+        raise RuntimeError(f"the workers did not start on the backlog within {wait} s")
+    time.sleep(0.5)  # well into the backlog
+    count = int(float(rate) * float(seconds))
+    started = time.perf_counter()
+    for k in range(count):
+        delay = started + k / float(rate) - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        job.enqueue()
+    finished = wait_for(lambda: rows.done(job) >= count, float(wait))
+    left = rows.jobs(backlog).exclude(rows.terminal_q).count()
+    return {"fed": count, "done": rows.done(job), "finished": finished, "backlog_left": left}
+
+
+def enqueue_txn(rows: Any, n: str) -> dict[str, Any]:
+    """A single enqueue inside the caller's transaction, the way Django code enqueues
+    (in a view under ATOMIC_REQUESTS, a service function in `atomic()`): the time of the
+    `enqueue()` call alone, the caller's COMMIT (its own, shared with its other writes)
+    untimed. Against it: one enqueue in autocommit, timed with its own COMMIT."""
+    from django.db import transaction
+
+    count, task = int(n), rows.noop
+    inside = own = 0.0
+    for _ in range(count):
+        with transaction.atomic():
+            t0 = time.perf_counter()
+            task.enqueue()
+            inside += time.perf_counter() - t0
+        t0 = time.perf_counter()
+        task.enqueue()
+        own += time.perf_counter() - t0
+    if rows.jobs().count() != 2 * count:
+        raise RuntimeError(f"{rows.jobs().count()} rows for {2 * count} enqueues")
+    return {
+        "n": count,
+        "in_transaction_us": inside / count * 1e6,
+        "own_commit_us": own / count * 1e6,
+        "ratio": inside / own,
+    }
+
+
+def latencies(rows: Any, task: str = "noop") -> dict[str, Any]:
+    """Milliseconds from each `task` job's enqueued_at to its started_at."""
+    pairs = (
+        rows.jobs(rows.task(task)).exclude(started_at=None).values_list("enqueued_at", "started_at")
+    )
     return {"ms": sorted((s - e).total_seconds() * 1000 for e, s in pairs)}
 
 
@@ -177,6 +233,9 @@ COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
         check,
         feed,
         wait_done,
+        seed_and_wait,
+        urgent,
+        enqueue_txn,
         latencies,
         progress,
     )

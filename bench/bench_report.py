@@ -1,9 +1,12 @@
-"""The benchmark's markdown table: one row per figure, both systems, and their ratio."""
+"""The benchmark's markdown table: one row per figure, a column per system, and the ratio
+of django-jobstate to each other system; then issue 17's targets, met or not."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from bench.bench_targets import SHORT, peer_lines, target_lines
 
 Getter = Callable[[dict[str, Any]], Any]
 
@@ -41,16 +44,32 @@ def rows(sizes: Any) -> list[tuple[str, str, Getter, str]]:
         ),
         (
             "enqueue",
-            f"enqueue one by one, `task.enqueue()` x {sizes.enqueue:,} (jobs/s)",
+            f"enqueue one by one (`task.enqueue()`; peers: `delay()`, `defer()`) "
+            f"x {sizes.enqueue:,} (jobs/s)",
             lambda r: r["single"]["rate"],
             "{:,.0f}",
         ),
         (
             "enqueue",
-            f"enqueue in bulk, `backend.bulk_enqueue()` x {sizes.bulk:,} (jobs/s)",
+            f"enqueue in bulk (`backend.bulk_enqueue()`; peers: one producer, "
+            f"`batch_defer()`) x {sizes.bulk:,} (jobs/s)",
             lambda r: r["bulk"]["rate"],
             "{:,.0f}",
         ),
+        (
+            "txn",
+            f"single enqueue inside the caller's transaction, COMMIT not timed (µs), "
+            f"x {sizes.txn:,}",
+            lambda r: r["in_transaction_us"],
+            "{:,.0f}",
+        ),
+        (
+            "txn",
+            "single enqueue with its own commit, autocommit (µs)",
+            lambda r: r["own_commit_us"],
+            "{:,.0f}",
+        ),
+        ("txn", "... in the transaction ÷ with its own commit", lambda r: r["ratio"], "{:.2f}"),
         (
             "latency",
             f"pickup latency p50, {sizes.latency_rate:g} jobs/s, 1 worker (ms)",
@@ -58,6 +77,54 @@ def rows(sizes: Any) -> list[tuple[str, str, Getter, str]]:
             "{:,.1f}",
         ),
         ("latency", "pickup latency p99 (ms)", lambda r: r["p99"], "{:,.1f}"),
+        (
+            "priority",
+            f"high-priority job behind a backlog of 5 ms jobs, {sizes.priority_workers} "
+            f"workers, {sizes.priority_rate:g}/s: start latency p50 (ms)",
+            lambda r: r["p50"],
+            "{:,.1f}",
+        ),
+        ("priority", "... p99 (ms)", lambda r: r["p99"], "{:,.1f}"),
+    ]
+    budget = f"{sizes.io_budget:g} s"
+    for key, what in [
+        (str(w), f"{w} worker process{'es' if w > 1 else ''}") for w in sizes.workers
+    ]:
+        out.append(
+            (
+                "io",
+                f"I/O-bound: {sizes.io:,} jobs waiting 100 ms each, {what}, at most {budget} "
+                "(jobs/s)",
+                lambda r, k=key: r[k]["rate"],
+                "{:,.1f}",
+            )
+        )
+    out += [
+        (
+            "io",
+            "... 1 worker process, `async def` task (`asyncio.sleep`) (jobs/s)",
+            lambda r: r["1-async"]["rate"],
+            "{:,.1f}",
+        ),
+        (
+            "many",
+            f"{sizes.many_supervisors} supervisors x {sizes.many_processes} worker processes, "
+            f"{sizes.many:,} no-op jobs (jobs/s)",
+            lambda r: r["rate"],
+            "{:,.0f}",
+        ),
+        (
+            "many",
+            "... database connections per supervisor (peak)",
+            lambda r: r["max_per_supervisor"],
+            "{:,.0f}",
+        ),
+        (
+            "many",
+            "... of them in LISTEN (peak)",
+            lambda r: max(r["listeners_peak"].values()),
+            "{:,.0f}",
+        ),
     ]
     history = [
         ("empty", "empty table"),
@@ -141,6 +208,8 @@ def render_table(
     tool = "pgbench" if pg else "sqlite3, WAL"
     machine = " / ".join(f"{commits[c]:,.0f}" for c in sorted(commits))
     clients = " / ".join(sorted(commits))
+    keys = [s.key for s in systems]
+    others = [k for k in keys if k != "jobstate"]
     lines = [
         f"### {server}",
         "",
@@ -149,30 +218,37 @@ def render_table(
         f"single-row UPDATE commits/s ({tool}, {clients} client(s)): {machine or 'n/a'}; "
         f"django-jobstate at {meta.get('git_head')}, source digest "
         f"{meta.get('jobstate_source_sha256')}",
+        *peer_lines(meta.get("peers") or {}),
         "",
-        "| figure | django-jobstate | django-tasks-db | ratio |",
-        "|---|---:|---:|---:|",
+        "| figure | "
+        + " | ".join(SHORT.get(k, k) for k in keys)
+        + " | "
+        + " | ".join(f"÷ {SHORT.get(k, k)}" for k in others)
+        + " |",
+        "|---|" + "---:|" * (len(keys) + len(others)),
     ]
     for figure, label, getter, fmt in rows(sizes):
         if figure not in results:
             continue
-        ours, ours_problem = value(results, figure, "jobstate", getter)
-        theirs, theirs_problem = value(results, figure, "tasksdb", getter)
-        lines.append(
-            f"| {label} | {cell(ours, ours_problem, fmt, results[figure].get('jobstate'))} "
-            f"| {cell(theirs, theirs_problem, fmt, results[figure].get('tasksdb'))} "
-            f"| {ratio(ours, theirs, fmt)} |"
-        )
+        got = {k: value(results, figure, k, getter) for k in keys}
+        cells = [cell(*got[k], fmt, results[figure].get(k)) for k in keys]
+        if "jobstate" in got:
+            ratios = [ratio(got["jobstate"][0], got[k][0], fmt) for k in others]
+        else:
+            ratios = ["n/a"] * len(others)
+        lines.append(f"| {label} | " + " | ".join(cells + ratios) + " |")
     lines += [
         "",
-        "ratio = django-jobstate ÷ django-tasks-db: above 1 is better for jobs/s, below 1 "
-        "for latency and memory. Drain jobs/s = N ÷ (last finished_at - first started_at) "
-        'from each system\'s own rows; "wall clock" adds process start-up and exit. '
-        "Figures with several runs: the median. History rows: (%) of the empty-table figure; "
-        "on PostgreSQL autovacuum is held off for the table until the VACUUM ANALYZE row. "
-        "Latency = started_at - enqueued_at of each job (one host clock: enqueued_at is the "
-        "enqueuer's; started_at is the claim's STATEMENT_TIMESTAMP on PostgreSQL for "
-        "django-jobstate, the worker's clock otherwise).",
+        "÷ X = django-jobstate ÷ X: above 1 is better for jobs/s, below 1 for times and "
+        'memory; "not run": the system has no such feature or mode here. Drain jobs/s = '
+        "jobs done ÷ (last finish - first start), from each Django runner's own rows and "
+        "from the record each peer's task body writes (a Redis RPUSH per job, for both "
+        'peers); "wall clock" adds process start-up and exit. Figures with several runs: '
+        "the median. I/O-bound drains stop at the time budget; jobs/s of the jobs done by "
+        "then. History rows: (%) of the empty-table figure; on PostgreSQL autovacuum is "
+        "held off for the table until the VACUUM ANALYZE row. Latency = start - enqueue "
+        "time of each job on one host clock (django-jobstate's started_at is the claim's "
+        "STATEMENT_TIMESTAMP on PostgreSQL).",
     ]
     history = results.get("history", {})
     if any(isinstance(v, dict) and v.get("stopped") for r in history.values() for v in r.values()):
@@ -180,10 +256,14 @@ def render_table(
             f"\n† stopped at the history time budget ({sizes.history_budget:g} s per drain): "
             "jobs/s of the jobs done by then (JSON: `stopped`); no further runs in that state."
         )
+    lines += ["", *target_lines(results, sizes)]
     if problems:
         lines.append("")
         lines += [f"- PROBLEM {system} / {figure}: {what}" for system, figure, what in problems]
     else:
-        ran = " and ".join(s.label for s in systems)
-        lines.append(f"\nChecks passed ({ran}): every job succeeded exactly once, in every drain.")
+        ran = ", ".join(s.label for s in systems)
+        lines.append(
+            f"\nChecks passed ({ran}): every job ran exactly once (none twice, none missing), "
+            "in every drain."
+        )
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db import connection, models
 from django.utils import timezone
 
+from bench import bench_tasks
 from bench.bench_tasks import noop, old_noop, warmup
 
 HISTORY_WORKER = "bench-history"
@@ -54,8 +55,12 @@ class Rows:
     succeeded_q: models.Q
     terminal_q: models.Q
 
-    def seed(self, n: int) -> str:
+    def seed(self, n: int, task: Any = noop) -> str:
         raise NotImplementedError
+
+    def task(self, name: str) -> Any:
+        """One of bench_tasks' tasks by name ("noop", "io_sleep", ...)."""
+        return getattr(bench_tasks, name)
 
     def reruns(self, jobs: models.QuerySet[Any]) -> int:
         raise NotImplementedError
@@ -168,22 +173,23 @@ class JobStateRows(Rows):
         self.succeeded_q = models.Q(state=State.SUCCEEDED)
         self.terminal_q = models.Q(state__in=TERMINAL_STATES)
 
-    def seed(self, n: int) -> str:
+    def seed(self, n: int, task: Any = noop) -> str:
         from bench.bench_helper import bulk_enqueue
 
-        bulk = getattr(noop.get_backend(), "bulk_enqueue", None)
+        bulk = getattr(task.get_backend(), "bulk_enqueue", None)
         if bulk is not None:
-            bulk_enqueue(bulk, noop, n)
+            bulk_enqueue(bulk, task, n)
             return "backend.bulk_enqueue()"
         now = timezone.now()
         jobs = [
             self.model(
                 result_id=uuid.uuid4(),
-                task_path=noop.module_path,
+                task_path=task.module_path,
+                priority=task.priority,
                 run_after=now,
                 enqueued_at=now,
-                backend=noop.backend,
-                queue_name=noop.queue_name,
+                backend=task.backend,
+                queue_name=task.queue_name,
             )
             for _ in range(n)
         ]
@@ -246,7 +252,7 @@ class TasksDBRows(Rows):
             with connection.cursor() as cursor:
                 cursor.execute("PRAGMA journal_mode = WAL")
 
-    def seed(self, n: int) -> str:
+    def seed(self, n: int, task: Any = noop) -> str:
         from django_tasks_db.models import get_date_max
 
         never = get_date_max()  # what its pre_save receiver stores for "no run_after"
@@ -254,11 +260,11 @@ class TasksDBRows(Rows):
             self.model(
                 id=uuid.uuid4(),
                 args_kwargs={"args": [], "kwargs": {}},
-                priority=noop.priority,
-                task_path=noop.module_path,
-                queue_name=noop.queue_name,
+                priority=task.priority,
+                task_path=task.module_path,
+                queue_name=task.queue_name,
                 run_after=never,
-                backend_name=noop.backend,
+                backend_name=task.backend,
             )
             for _ in range(n)
         ]

@@ -26,9 +26,20 @@ ROOT = Path(__file__).resolve().parent.parent
 
 @dataclass(frozen=True)
 class System:
-    key: str  # "jobstate" or "tasksdb": database names, JSON keys
+    key: str  # "jobstate", "tasksdb", a peer's key: database names, JSON keys
     label: str
-    settings: str
+    settings: str  # the Django settings module ("" for a peer, which has no Django)
+    # A peer runs under its own interpreter (its own venv) and its own helper module.
+    python: str = sys.executable
+    helper_module: str = "bench.bench_helper"
+    env: tuple[tuple[str, str], ...] = ()
+    burst: bool = True  # its workers can exit once the queue is empty
+    database: bool = True  # it keeps its jobs in the database (Celery: in Redis)
+    figures: frozenset[str] | None = None  # the figures it takes part in (None: all)
+
+    @property
+    def peer(self) -> bool:
+        return self.helper_module != "bench.bench_helper"
 
     def worker_commands(self, workers: int, *, burst: bool) -> list[list[str]]:
         """One command per process to start: runjobs supervises its own worker processes,
@@ -87,6 +98,9 @@ class Database:
     def env(self, system: System, name: str | None = None) -> dict[str, str]:
         return {
             **os.environ,
+            **dict(system.env),
+            "BENCH_PYTHON": system.python,
+            "BENCH_HELPER": system.helper_module,
             "DJANGO_SETTINGS_MODULE": system.settings,
             "BENCH_DB": self.vendor,
             "BENCH_DB_NAME": name or self.name(system),
@@ -95,7 +109,12 @@ class Database:
         }
 
     def fresh(self, system: System) -> dict[str, str]:
-        """Recreate the system's database from its migrated template; return the env for it."""
+        """Recreate the system's database from its migrated template; return the env for it.
+        A peer's record of runs (in Redis) is emptied too; Celery's queue is all in Redis."""
+        if not system.database:
+            env = self.env(system, "")
+            helper(env, "reset")
+            return env
         template = self.name(system, "_tpl")
         if system.key not in self._templates:
             self._recreate(template)
@@ -110,6 +129,8 @@ class Database:
                     shutil.copyfile(template + suffix, name + suffix)
         else:
             self._recreate(name, template=template)
+        if system.peer:
+            helper(self.env(system, name), "reset")
         return self.env(system, name)
 
     def _recreate(self, name: str, template: str | None = None) -> None:
@@ -204,9 +225,11 @@ def pg_admin() -> Any:
 
 
 def helper(env: dict[str, str], *args: str, stdin: str | None = None, timeout: float = 3600) -> Any:
-    """Run one bench_helper command under `env`; return its JSON."""
+    """Run one command of the system's helper (bench_helper, or a peer's module under the
+    peer's own interpreter) under `env`; return its JSON."""
+    python = env.get("BENCH_PYTHON", sys.executable)
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.bench_helper", *args],
+        [python, "-m", env.get("BENCH_HELPER", "bench.bench_helper"), *args],
         cwd=ROOT,
         env=env,
         input=stdin,
@@ -215,7 +238,9 @@ def helper(env: dict[str, str], *args: str, stdin: str | None = None, timeout: f
         timeout=timeout,
     )
     if proc.returncode != 0:
-        raise RuntimeError(f"bench_helper {' '.join(args)} failed:\n{proc.stderr[-3000:]}")
+        raise RuntimeError(
+            f"{env.get('BENCH_HELPER')} {' '.join(args)} failed:\n{proc.stderr[-3000:]}"
+        )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 

@@ -458,3 +458,112 @@ pg_stop() {
     unset JOBSTATE_PG_DIR JOBSTATE_PG_CTL JOBSTATE_PG_LOG
     return 0
 }
+
+# ---------------------------------------------------------------- Benchmark peers
+
+# ensure_peer_venv NAME REQUIREMENT...: make $JOBSTATE_ROOT/.venv-peers/NAME, a venv of its
+# own (same Python as .venv) holding only REQUIREMENT... (pinned specs), and print its python.
+# The benchmark runs Celery and Procrastinate there, apart from django-jobstate's environment.
+# A stamp records the specs: it installs again only when they change.
+ensure_peer_venv() {
+    local name=$1 venv stamp want py
+    shift
+    venv="$JOBSTATE_ROOT/.venv-peers/$name"
+    stamp="$venv/.jobstate-stamp"
+    want="$*"
+    if [[ -x $venv/bin/python ]] && _python_ok "$venv/bin/python"; then
+        if [[ -f $stamp && $(<"$stamp") == "$want" ]]; then
+            echo "$venv/bin/python"
+            return 0
+        fi
+    else
+        py=$(find_python) || return 1
+        rm -rf "$venv" || return 1
+        _log "Creating $venv with $py ($(_python_version "$py"))"
+        "$py" -m venv "$venv" || return 1
+    fi
+    _log "Installing $* into $venv"
+    rm -f "$stamp"
+    "$venv/bin/python" -m pip install -q -U pip >&2 || return 1
+    "$venv/bin/python" -m pip install -q "$@" >&2 || return 1
+    echo "$want" >"$stamp" || return 1
+    echo "$venv/bin/python"
+}
+
+# redis_start: start a throwaway redis-server (installed with apt-get if missing) as an
+# unprivileged user, in a temp dir, on a free loopback port, with Redis's default
+# persistence (RDB snapshots, no AOF: what a stock install runs). Exports
+# BENCH_REDIS_URL and JOBSTATE_REDIS_DIR. Callers `trap redis_stop EXIT` first.
+redis_start() {
+    local server owner="" tmp port i
+    if ! server=$(command -v redis-server); then
+        if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+            _log "redis-server not found; installing it with apt-get."
+            apt_install redis-server || return 1
+        fi
+        if ! server=$(command -v redis-server); then
+            _err "redis-server not found: install Redis (e.g. \`sudo apt-get install redis-server\`)."
+            return 1
+        fi
+    fi
+    if [[ $EUID -eq 0 ]]; then owner=nobody; fi
+    tmp=$(mktemp -d /tmp/jobstate-redis.XXXXXX) || return 1
+    : >"$tmp/.jobstate-redis" || return 1
+    export JOBSTATE_REDIS_DIR="$tmp"
+    if [[ -n $owner ]]; then chown "$owner:" "$tmp" || return 1; fi
+    port=56379
+    while _pg_port_in_use "$port"; do
+        port=$((port + 1))
+        if ((port > 56579)); then
+            _err "no free TCP port in 56379-56579 on 127.0.0.1"
+            return 1
+        fi
+    done
+    # Only what differs from a stock redis.conf's effect: where it lives and listens.
+    cat >"$tmp/redis.conf" <<CONF || return 1
+bind 127.0.0.1
+port $port
+dir $tmp
+pidfile $tmp/redis.pid
+logfile $tmp/redis.log
+daemonize yes
+save 3600 1 300 100 60 10000
+appendonly no
+CONF
+    if [[ -n $owner ]]; then chown "$owner:" "$tmp/redis.conf" || return 1; fi
+    _log "Starting throwaway Redis ($("$server" --version | cut -d' ' -f3)) in $tmp${owner:+ as user $owner}"
+    if ! (cd "$tmp" && if [[ -n $owner ]]; then runuser -u "$owner" -- "$server" "$tmp/redis.conf"; else "$server" "$tmp/redis.conf"; fi); then
+        _err "redis-server did not start"
+        cat "$tmp/redis.log" >&2 2>/dev/null || true
+        return 1
+    fi
+    for ((i = 0; i < 100; i++)); do
+        if redis-cli -h 127.0.0.1 -p "$port" ping 2>/dev/null | grep -q PONG; then
+            export BENCH_REDIS_URL="redis://127.0.0.1:$port/0"
+            _log "Redis ready: BENCH_REDIS_URL=$BENCH_REDIS_URL"
+            return 0
+        fi
+        sleep 0.1
+    done
+    _err "Redis not answering on 127.0.0.1:$port. Its log:"
+    cat "$tmp/redis.log" >&2 2>/dev/null || true
+    return 1
+}
+
+# redis_stop: stop the server in $JOBSTATE_REDIS_DIR and delete the dir. Safe to call twice.
+redis_stop() {
+    local dir=${JOBSTATE_REDIS_DIR:-} pid i
+    [[ -n $dir && -e $dir/.jobstate-redis ]] || return 0
+    pid=$(cat "$dir/redis.pid" 2>/dev/null || true)
+    if [[ $pid =~ ^[0-9]+$ ]] && [[ $(ps -o comm= -p "$pid" 2>/dev/null) == redis-server* ]]; then
+        kill -TERM "$pid" 2>/dev/null || true
+        for ((i = 0; i < 50; i++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        if kill -0 "$pid" 2>/dev/null; then kill -KILL "$pid" 2>/dev/null || true; fi
+    fi
+    rm -rf "$dir"
+    unset JOBSTATE_REDIS_DIR BENCH_REDIS_URL
+    return 0
+}
