@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from django.db import connections, models, router, transaction
 from django.db.models.functions import Now
 
-from .wakeup import NOTIFY_QUEUE
+from .wakeup import NOTIFY_QUEUE, queue_payload
 
 if TYPE_CHECKING:
     from .models import JobQueue
@@ -50,7 +50,7 @@ class JobQueueManager(models.Manager["JobQueue"]):
             connection = connections[db]
             if not paused and connection.vendor == "postgresql":
                 with connection.cursor() as cursor:  # wake idle workers at the commit
-                    cursor.execute(f"SELECT {NOTIFY_QUEUE}", [name])
+                    cursor.execute(f"SELECT {NOTIFY_QUEUE}", [queue_payload(name)])
         queue.refresh_from_db()
         logger.warning(
             "Queue %r %s by %s", name, "paused" if paused else "resumed", by or "an unnamed caller"

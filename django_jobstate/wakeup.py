@@ -8,6 +8,10 @@ request sends its own notification, to the supervisor of the attempt's worker
 that misses one (say, for a row inserted behind the app's back) still finds the job at
 its next poll, so nothing depends on delivery. (Until migration 0003 a trigger on the
 table sent it: the trigger cost about 6% of a single enqueue on PostgreSQL.)
+
+The payload also carries the job's priority, so that a worker draining a backlog, which
+claims from where its last batch began (claim(from_key=...)), hears of a job that sorts
+before that point between two batches and claims from the head again (ahead()).
 """
 
 from __future__ import annotations
@@ -24,9 +28,28 @@ logger = logging.getLogger("django_jobstate.worker")
 
 CHANNEL = "django_jobstate"
 # The SQL expression that wakes listening workers of the queue of the row an INSERT
-# returns, once the transaction commits; NOTIFY_QUEUE takes the queue as a parameter.
-NOTIFY = f"pg_notify('{CHANNEL}', \"queue_name\")"
+# returns, once the transaction commits: "<queue> <priority>". NOTIFY_QUEUE takes them as
+# parameters (queue_payload()).
+NOTIFY = f"pg_notify('{CHANNEL}', \"queue_name\" || ' ' || \"priority\")"
 NOTIFY_QUEUE = f"pg_notify('{CHANNEL}', %s)"
+# The priority of a notification that is not about one job (a queue resumed): it sorts
+# before every job, so that a draining worker looks from the head.
+ANY_PRIORITY = 101
+
+
+def queue_payload(queue: str, priority: int = ANY_PRIORITY) -> str:
+    return f"{queue} {priority}"
+
+
+def parse_payload(payload: str) -> tuple[str, int]:
+    """The queue and priority of a notification (an unknown one: any queue, first)."""
+    queue, _, priority = payload.rpartition(" ")
+    try:
+        return queue, int(priority)
+    except ValueError:
+        return "", ANY_PRIORITY
+
+
 CANCEL_CHANNEL = "django_jobstate_cancel"
 NOTIFY_CANCEL = f"pg_notify('{CANCEL_CHANNEL}', %s)"
 
@@ -59,7 +82,7 @@ class Waiter:
             while not self.stopping.is_set() and (left := deadline - time.monotonic()) > 0:
                 for notify in listener.notifies(timeout=min(left, 0.5), stop_after=1):
                     # Another queue's job is not this worker's to claim: sleep on.
-                    if self.queues is None or notify.payload in self.queues or not notify.payload:
+                    if self._ours(notify.payload):
                         self.payloads.append(notify.payload)
                         return
         except Exception:  # psycopg errors: the server restarted, the network dropped
@@ -70,6 +93,37 @@ class Waiter:
             )
             self.close()
             self.stopping.wait(max(0.0, deadline - time.monotonic()))
+
+    def _ours(self, payload: str) -> bool:
+        queue = parse_payload(payload)[0]
+        return self.queues is None or queue in self.queues or not queue
+
+    def start(self) -> None:
+        """Listen now (PostgreSQL), so that ahead() hears of jobs while the worker is busy."""
+        if connections[self.using].vendor == "postgresql":
+            try:
+                self._listen()
+            except Exception:  # the database is away: wait() and ahead() try again
+                self.close()
+
+    def ahead(self, priority: int, queues: Iterable[str] | None = None) -> bool:
+        """Whether, since the last look, a job of this worker's queues was enqueued with a
+        priority above `priority`, or in a queue not in `queues` (when given). Does not
+        wait; reads the notifications that arrived, and drops the rest."""
+        if self._listener is None:
+            return False
+        known = None if queues is None else set(queues)
+        found = False
+        try:
+            for notify in self._listener.notifies(timeout=0):
+                queue, job_priority = parse_payload(notify.payload)
+                if self._ours(notify.payload) and (
+                    job_priority > priority or (known is not None and queue not in known)
+                ):
+                    found = True
+        except Exception:  # the connection broke: wait() reconnects, or polls
+            self.close()
+        return found
 
     def _listen(self) -> Any:
         if self._listener is None:

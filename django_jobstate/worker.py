@@ -134,6 +134,7 @@ class Worker:
             from . import tracing
 
             self.tracing = tracing
+        self._waiter: Waiter | None = None  # run()'s, for _claim() to hear of jobs ahead
         self._queue_names: list[str] = []  # serving all queues: those seen with jobs
 
     def stop(self) -> None:
@@ -160,7 +161,8 @@ class Worker:
         if watchdog:
             watchdog.beat()  # register; if the database is away, the next beat will
             watchdog.start()
-        waiter = Waiter(self._stopping, using=self.db, queues=self.queues)
+        waiter = self._waiter = Waiter(self._stopping, using=self.db, queues=self.queues)
+        waiter.start()
         try:
             while not self.stopping and not self.reached_max_jobs:
                 if self.parent is not None and os.getppid() != self.parent:
@@ -222,6 +224,12 @@ class Worker:
         limit = self._batch_size()
         if time.monotonic() >= self._rescan_at:
             self._from_key = None
+        elif self._from_key is not None and self._waiter is not None:
+            # A job enqueued since that sorts before the key (PostgreSQL only): look from
+            # the head now, not at the rescan.
+            known = None if self.queues is not None else self._queue_names
+            if self._waiter.ahead(-self._from_key[0], known):
+                self._from_key = None
         try:
             jobs = self._claim_from(self._from_key, limit)
             if not jobs and self._from_key is not None:  # never idle without a look from the head

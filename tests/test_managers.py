@@ -395,8 +395,9 @@ def test_enqueue_sends_only_what_differs_from_the_database_defaults():
     with CaptureQueriesContext(connection) as queries:
         plain = Job.objects.enqueue("tests.tasks.record", ["x"])
     [insert] = [q["sql"] for q in queries if "INSERT" in q["sql"]]
-    assert "traceback" not in insert
-    assert "priority" not in insert
+    columns = insert.partition(" VALUES ")[0]
+    assert "traceback" not in columns
+    assert "priority" not in columns
     other = Job.objects.enqueue(
         "tests.tasks.record", [], {"a": 1}, priority=5, queue_name="q", max_attempts=3, backoff=2
     )

@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from django_jobstate.models import Job, JobQueue
 from django_jobstate.states import State
-from django_jobstate.wakeup import CHANNEL, Waiter
+from django_jobstate.wakeup import CHANNEL, Waiter, parse_payload, queue_payload
 from tests import tasks
 from tests.factories import JobFactory
 from tests.test_runjobs import wait_for
@@ -109,14 +109,45 @@ def test_an_enqueue_wakes_only_the_workers_of_its_queue():
         emails.wait(0.5)
         assert time.monotonic() - started >= 0.45  # slept through another queue's job
         every.wait(5)
-        assert every.payloads == ["default"]
-        tasks.email.enqueue("ada@example.com")
+        assert every.payloads == ["default 0"]
+        tasks.email.using(priority=3).enqueue("ada@example.com")
         emails.wait(5)
-        assert emails.payloads == ["emails"]
+        assert emails.payloads == ["emails 3"]
     finally:
         emails.close()
         every.close()
     assert CHANNEL == "django_jobstate"
+
+
+@pytest.mark.skipif(not POSTGRES, reason="LISTEN/NOTIFY is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_a_busy_worker_hears_of_a_job_that_sorts_before_its_claim_key():
+    stopping = threading.Event()
+    waiter = Waiter(stopping, queues=["default", "emails"])
+    try:
+        waiter.start()
+        assert not waiter.ahead(0)  # nothing enqueued
+        tasks.record.enqueue("same priority")
+        tasks.record.using(priority=-5).enqueue("lower")
+        tasks.record.using(queue_name="reports", priority=50).enqueue("another queue's")
+        time.sleep(0.2)
+        assert not waiter.ahead(0)  # none of those sorts before a key of priority 0
+        tasks.email.using(priority=1).enqueue("ada@example.com")
+        time.sleep(0.2)
+        assert waiter.ahead(0)
+        assert not waiter.ahead(0)  # read once
+        tasks.record.enqueue("a queue it had not seen")
+        time.sleep(0.2)
+        assert waiter.ahead(0, queues=["emails"])
+    finally:
+        waiter.close()
+
+
+def test_payloads_name_the_queue_and_priority():
+    assert parse_payload(queue_payload("emails", -3)) == ("emails", -3)
+    assert parse_payload(queue_payload("with space", 2)) == ("with space", 2)
+    assert parse_payload(queue_payload("resumed")) == ("resumed", 101)
+    assert parse_payload("garbage") == ("", 101)
 
 
 def db_now():

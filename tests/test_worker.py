@@ -1,6 +1,7 @@
 """The in-process worker loop: claim, run, record the outcome."""
 
 import logging
+import threading
 import time
 from datetime import datetime, timedelta
 
@@ -13,7 +14,9 @@ from django.utils import timezone
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
+from django_jobstate.wakeup import Waiter
 from django_jobstate.worker import Worker
+from tests import tasks
 from tests.factories import JobFactory
 from tests.models import Execution
 from tests.tasks import always_fails, fails_once
@@ -317,6 +320,23 @@ def test_while_draining_a_backlog_a_worker_claims_from_its_last_batch(monkeypatc
     urgent = job("urgent", priority=10)
     job("last")
     assert worker._claim() == [urgent], "not claimed from the head after RESCAN_AFTER"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_a_draining_worker_claims_a_job_that_sorts_before_its_key_at_once(monkeypatch):
+    monkeypatch.setattr("django_jobstate.worker.RESCAN_AFTER", 3600)
+    tasks.record.get_backend().bulk_enqueue(tasks.record, [([f"old{n}"], {}) for n in range(3)])
+    worker = Worker(worker_id="w")
+    worker._waiter = Waiter(threading.Event(), queues=None)
+    worker._waiter.start()
+    try:
+        assert [j.args for j in worker._claim()] == [["old0"]]
+        tasks.record.using(priority=10).enqueue("urgent")  # wakes listeners at its commit
+        time.sleep(0.2)
+        assert [j.args for j in worker._claim()] == [["urgent"]], "it waited for the rescan"
+    finally:
+        worker._waiter.close()
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from ..exceptions import JobAlreadyEnqueued, JobCancelled, LostRace, WorkerLost
 from ..logs import job_fields
 from ..states import FailureReason, State, check_transition
 from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
-from ..wakeup import NOTIFY_QUEUE
+from ..wakeup import NOTIFY_QUEUE, queue_payload
 from .base import Writes, describe_error, logger, now_sql, timeout_error
 
 if TYPE_CHECKING:
@@ -199,7 +199,8 @@ class Outcomes(Writes):
                 due_now = next_attempt.run_after <= next_attempt.enqueued_at
                 if connection.vendor == "postgresql" and due_now:
                     with connection.cursor() as cursor:  # due at once: wake a worker
-                        cursor.execute(f"SELECT {NOTIFY_QUEUE}", [job.queue_name])
+                        payload = queue_payload(job.queue_name, job.priority)
+                        cursor.execute(f"SELECT {NOTIFY_QUEUE}", [payload])
                 return next_attempt
         except IntegrityError as exc:
             if job.unique_key is not None and _violates_unique_key(exc):
