@@ -47,7 +47,9 @@ def stop_running(task, label: str, runjobs_output) -> tuple[float, Job]:
     wait_for(lambda: started(label))
     asked = time.monotonic()
     during = backend().cancel(result.id)
-    assert during.status == TaskResultStatus.RUNNING  # asked to stop, not stopped yet
+    # Asked to stop; a cooperative task may have stopped already (the test paused between
+    # the cancel's commit and its read of the result, on a loaded machine).
+    assert during.status in (TaskResultStatus.RUNNING, TaskResultStatus.FAILED)
     wait_for(lambda: Job.objects.get(result_id=result.id).state == State.FAILED, timeout=30)
     took = time.monotonic() - asked
     attempt = Job.objects.get(result_id=result.id)  # one attempt: never retried
