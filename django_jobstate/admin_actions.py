@@ -6,6 +6,7 @@ the job had moved on first (a worker claimed it, another operator got there, ...
 """
 
 import uuid
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from django.contrib import admin, messages
@@ -207,8 +208,14 @@ class JobActions(_Base):
             f"{self.changelist_url()}?{params.urlencode()}" if params else self.changelist_url()
         )
 
-    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """The Retry button of a failed job's page: POST only, with the action's permissions."""
+    def posted_job(
+        self,
+        request: HttpRequest,
+        object_id: str,
+        may_act: Callable[[HttpRequest], bool],
+    ) -> Job | HttpResponse:
+        """The job a button's POST acts on, or the response that refuses it: not a POST,
+        a job that is gone (a prune), or a user who may not see it or act on it."""
         if request.method != "POST":
             return HttpResponseNotAllowed(["POST"])
         job = self.get_object(request, unquote(object_id))
@@ -216,8 +223,15 @@ class JobActions(_Base):
             gone = _("Job #%(pk)s does not exist (anymore: a prune may have deleted it).")
             self.message_user(request, gone % {"pk": object_id}, messages.WARNING)
             return redirect(self.changelist_url())
-        if not (self.has_view_permission(request, job) and self.has_operate_permission(request)):
+        if not (self.has_view_permission(request, job) and may_act(request)):
             raise PermissionDenied
+        return job
+
+    def retry_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """The Retry button of a failed job's page: POST only, with the action's permissions."""
+        job = self.posted_job(request, object_id, self.has_operate_permission)
+        if not isinstance(job, Job):
+            return job
         refusal: str | None = self.why_not_retried(
             job, list(Job.objects.attempts_of(job.result_id))
         )
@@ -284,15 +298,9 @@ class JobActions(_Base):
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
         """The Cancel button of a queued or running job's page: POST only."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
-        job = self.get_object(request, unquote(object_id))
-        if job is None:
-            gone = _("Job #%(pk)s does not exist (anymore: a prune may have deleted it).")
-            self.message_user(request, gone % {"pk": object_id}, messages.WARNING)
-            return redirect(self.changelist_url())
-        if not (self.has_view_permission(request, job) and self.has_cancel_permission(request)):
-            raise PermissionDenied
+        job = self.posted_job(request, object_id, self.has_cancel_permission)
+        if not isinstance(job, Job):
+            return job
         outcome = self.cancel_by_hand(request, job)
         text = {
             CancelOutcome.CANCELLED: _("Job #%(pk)d was cancelled: it will never run."),
