@@ -299,6 +299,9 @@ class JobMachine(RuleBasedStateMachine):
         assert Job.objects.cancel(Job.objects.get(pk=row.pk)) == CancelOutcome.REQUESTED
         row.cancel_requested = True
         SEEN["cancel requested"] += 1
+        if data.draw(st.booleans(), label="the task then stops and its worker fails it"):
+            job = Job.objects.get(pk=row.pk)
+            self.record_failure(row, Job.objects.fail(job, FailureReason.ERROR))
 
     @precondition(lambda self: self.in_state(*TERMINAL_STATES))
     @rule(data=st.data())
