@@ -1,7 +1,7 @@
 """The app's settings: `JOBSTATE_*` names in the project's settings, with defaults."""
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -27,6 +27,9 @@ class Settings:
     # Dotted paths of modules that define tasks, besides every installed app's `tasks`
     # module: the only modules a worker imports to find a job's task (loading.py).
     TASK_MODULES: Sequence[str] = ()
+    # {"succeeded": "7d", "failed": "30d"}: prune older finished tasks hourly, on a built-in
+    # schedule (schedule_settings.py); None keeps every job.
+    RETENTION: Mapping[str, str | float] | None = None
 
 
 DAY = 86_400.0

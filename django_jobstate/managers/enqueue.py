@@ -82,6 +82,8 @@ class Enqueue(Writes):
         unique_keys: Sequence[str] | None = None,
         unique_scope: UniqueScope = UniqueScope.LIVE,
         raise_duplicates: bool = False,
+        schedule_name: str | None = None,
+        scheduled_for: datetime | None = None,
     ) -> list[Job]:
         """Create the first attempts of several calls of one task: all of them, or none.
 
@@ -94,6 +96,7 @@ class Enqueue(Writes):
         With `unique_keys` (one per call), a call whose key is held (uniqueness.py) writes
         nothing: its place in the list is the holder, with `deduplicated` set, or with
         `raise_duplicates`, JobAlreadyEnqueued is raised and nothing is written at all.
+        `schedule_name` and `scheduled_for` mark the jobs of a schedule's tick (schedules.py).
         """
         calls = list(calls)
         keys: Sequence[str | None] = [None] * len(calls) if unique_keys is None else unique_keys
@@ -109,6 +112,8 @@ class Enqueue(Writes):
             backoff=backoff,
             timeout=timeout,
             unique_scope=None if unique_keys is None else unique_scope,
+            schedule_name=schedule_name,
+            scheduled_for=scheduled_for,
         )
         if run_after is not None:
             template.run_after = run_after

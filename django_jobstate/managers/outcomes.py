@@ -163,6 +163,8 @@ class Outcomes(Writes):
                     timeout=job.timeout,
                     unique_key=job.unique_key,
                     unique_scope=job.unique_scope,
+                    schedule_name=job.schedule_name,
+                    scheduled_for=job.scheduled_for,
                 )
                 # prune() may be deleting `job`'s task, having read it before this INSERT:
                 # lock `job` (prune locks it too) so that it cannot go until this commits.

@@ -56,6 +56,13 @@ class Command(BaseCommand):
             "that two runjobs given the same ID never share a name.",
         )
 
+        parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="Run no scheduler: enqueue no periodic job (SCHEDULES) from this runjobs. "
+            "A --burst run never schedules.",
+        )
+
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
         refuse_to_start(options["queues"], burst=options["burst"])
@@ -67,6 +74,7 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             burst=options["burst"],
             max_jobs=options["max_jobs"],
+            schedules=not (options["no_schedules"] or options["burst"]),
         )
         forced: list[int] = []
 
