@@ -342,8 +342,3 @@ def unique_queued_always_fails(label: str) -> None:
 @task(takes_context=True, unique=True)
 def unique_with_context(context: TaskContext, label: str) -> int:
     return context.attempt
-
-
-@task
-def noop(*args: object, **kwargs: object) -> None:
-    """Do nothing: the periodic jobs' tests count the jobs, not what they do."""
