@@ -6,6 +6,7 @@ The Job table must hold exactly one first attempt per (schedule, tick) and no ga
 catch-up policy does not explain. The figures (ticks, duplicates, lateness) are printed.
 """
 
+import itertools
 import json
 import os
 import signal
@@ -64,11 +65,11 @@ def check_ticks(outputs, *, every=SECOND):
     )
     assert duplicates == []
     fast = ticks_of("fast")
-    gaps = [(a, b) for a, b in zip(fast, fast[1:], strict=False) if b - a != every]
+    gaps = [(a, b) for a, b in itertools.pairwise(fast) if b - a != every]
     assert gaps == [], "ticks of 'fast' missing"
     minute = ticks_of("minute")
     assert all(t.second == 0 and t.microsecond == 0 for t in minute)
-    assert all(b - a == timedelta(minutes=1) for a, b in zip(minute, minute[1:], strict=False))
+    assert all(b - a == timedelta(minutes=1) for a, b in itertools.pairwise(minute))
     # The backstop index never had to refuse a tick: the compare-and-set did it all.
     assert not any("could not enqueue its tick" in out for out in outputs)
     late = sorted(
@@ -174,7 +175,7 @@ def test_two_definitions_of_one_schedule_never_enqueue_two_jobs_for_one_tick(run
 
     jobs = list(Job.objects.filter(schedule_name="fast").order_by("scheduled_for"))
     versions = [job.kwargs["v"] for job in jobs]
-    changes = sum(a != b for a, b in zip(versions, versions[1:], strict=False))
+    changes = sum(a != b for a, b in itertools.pairwise(versions))
     assert changes == 2, versions  # old, then new, then old: never both at once
     for job in jobs:
         seconds = (job.scheduled_for - job.scheduled_for.replace(second=0, microsecond=0)).seconds
