@@ -205,7 +205,12 @@ class Scheduler:
                     removed_at=None,
                 )
                 if not won.update(next_tick_at=plan.next_tick_at):
-                    return  # another scheduler enqueued it, or the row changed
+                    logger.debug(
+                        "Schedule %s: tick %s taken by another scheduler (or the row changed)",
+                        d.name,
+                        due.isoformat(),
+                    )
+                    return
                 self._enqueue(db, d, plan)
         except DatabaseError as exc:
             if isinstance(exc, IntegrityError) or (

@@ -21,7 +21,7 @@ from django.db import connection, connections
 from django.db.models import Count
 
 from django_jobstate.models import Job, Schedule
-from tests.conftest import skewed_env
+from tests.conftest import ROOT, skewed_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -31,6 +31,12 @@ SECOND = timedelta(seconds=1)
 SCHEDULES = {
     "fast": {"task": "tests.tasks.noop", "every": 1, "catch_up": "all", "kwargs": {"v": "a"}},
     "minute": {"task": "tests.tasks.noop", "cron": "* * * * *", "timezone": "Europe/Paris"},
+}
+
+
+STOP_BEFORE_TICK = {
+    "PYTHONPATH": str(ROOT / "tests" / "stale_tick"),
+    "JOBSTATE_TEST_STOP_BEFORE_TICK": "1",
 }
 
 
@@ -121,16 +127,23 @@ def test_five_supervisors_enqueue_each_tick_once(runjobs):
     assert figures["missed"] == 0
 
 
+def stopped(proc):
+    """Whether `proc` is stopped (SIGSTOP): state T in /proc."""
+    with open(f"/proc/{proc.pid}/stat") as stat:
+        return stat.read().rpartition(")")[2].split()[0] == "T"
+
+
 def test_five_supervisors_enqueue_each_tick_once_through_kills_a_pause_and_a_restart(runjobs):
     procs = start_five(runjobs)
+    # One more, that stops itself between reading a due tick and writing it.
+    paused = runjobs.start("--concurrency", "1", "-v", "2", **env(**STOP_BEFORE_TICK))
+    procs.append(paused)
+    wait_for(lambda: stopped(paused), timeout=30)
     os.killpg(procs[0].pid, signal.SIGKILL)  # the supervisor and its worker, at once
     procs.append(runjobs.start("--concurrency", "1", **env()))
-    run_for(3)
-    paused = procs[1]
-    os.killpg(paused.pid, signal.SIGSTOP)  # ten ticks without it
-    run_for(10)
-    os.killpg(paused.pid, signal.SIGCONT)  # its next write is stale: it must lose
-    run_for(3)
+    run_for(10)  # ten ticks go by without it
+    os.killpg(paused.pid, signal.SIGCONT)
+    wait_for(lambda: "taken by another scheduler" in runjobs.output(paused))  # it lost
     os.killpg(procs[2].pid, signal.SIGKILL)
     if POSTGRES and os.environ.get("JOBSTATE_PG_CTL"):
         subprocess.run([os.environ["JOBSTATE_PG_CTL"], "restart", "-m", "fast", "-w"], check=True)
@@ -142,6 +155,7 @@ def test_five_supervisors_enqueue_each_tick_once_through_kills_a_pause_and_a_res
     outputs = stop_all(runjobs, procs)
     figures = check_ticks(outputs)
     assert figures["ticks"] >= 40
+    assert "Stopping before the compare-and-set" in outputs[5]
 
 
 @pytest.mark.skipif(not POSTGRES, reason="SQLite is one machine with one clock")
