@@ -45,9 +45,9 @@ def schedules():
 
 
 def test_the_list_shows_each_schedule_its_next_tick_and_its_last_job(client, schedules):
-    scheduler = Scheduler("t", {POLL.name: POLL})
-    Schedule.objects.filter(name="poll").update(next_tick_at=db_now("default") - timedelta(1))
-    scheduler.run_once()
+    due = Schedule.objects.get(name="poll").next_tick_at - timedelta(seconds=300)
+    Schedule.objects.filter(name="poll").update(next_tick_at=due)
+    Scheduler("t", {NIGHTLY.name: NIGHTLY, POLL.name: POLL}).run_once()
     login(client, "view")
     page = client.get(LIST_URL).content.decode()
     assert "0 3 * * * (Europe/Paris)" in page
