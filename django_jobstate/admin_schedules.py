@@ -16,14 +16,13 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
-from django.utils.timesince import timesince, timeuntil
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from .admin_filters import local
 from .models import Job, Schedule
 from .scheduler import db_now, enqueue_tick
-from .schedules import Definition
+from .schedules import Definition, relative
 from .states import State
 
 FIELDS = [
@@ -37,10 +36,7 @@ def when(value: Any, now: Any) -> str:
     """'2026-01-05 03:00:00 (in 4 minutes)' or '(5 minutes ago)'."""
     if value is None:
         return "-"
-    stamp = local(value).strftime("%Y-%m-%d %H:%M:%S")
-    if value > now:
-        return f"{stamp} ({_('in')} {timeuntil(value, now)})"
-    return f"{stamp} ({timesince(value, now)} {_('ago')})"
+    return f"{local(value).strftime('%Y-%m-%d %H:%M:%S')} ({relative(value, now)})"
 
 
 @admin.register(Schedule)

@@ -144,6 +144,12 @@ class Scheduler:
             for exc in errors:
                 logger.error("%s: not scheduled: %s", name, exc)
         self.definitions = definitions
+        if definitions:
+            logger.info(
+                "%s: %s",
+                name,
+                ", ".join(f"{d.name} ({d.expression})" for d in definitions.values()),
+            )
         self.by_hash = {d.hash: d for d in definitions.values()}
         self.synced = False
         self._hold: dict[str, float] = {}  # {name: monotonic time before which not to try}

@@ -131,6 +131,20 @@ class Definition:
         return Plan(ticks[-1:], missed + len(ticks) - 1, tick)
 
 
+def relative(value: datetime | None, now: datetime) -> str:
+    """'in 4 minutes', 'in 35 s', '2 hours ago': a tick's time from `now`, for people."""
+    from django.utils.timesince import timesince, timeuntil
+
+    if value is None:
+        return "never"
+    seconds = (value - now).total_seconds()
+    if abs(seconds) < 60:
+        text = f"{abs(seconds):.0f} s"
+    else:
+        text = timeuntil(value, now) if seconds > 0 else timesince(value, now)
+    return f"in {text}" if seconds > 0 else f"{text} ago"
+
+
 def parse(name: str, raw: Any, *, alias: str, queues: list[str], time_zone: str) -> Definition:
     """The Definition of SCHEDULES[name], or ScheduleError saying what is wrong with it."""
     where = f"Schedule {name!r} of TASKS[{alias!r}]"

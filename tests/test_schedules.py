@@ -5,7 +5,7 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from django_jobstate.schedules import ALL_LIMIT, Definition, ScheduleError, parse
+from django_jobstate.schedules import ALL_LIMIT, Definition, ScheduleError, parse, relative
 
 PARIS, NEW_YORK = ZoneInfo("Europe/Paris"), ZoneInfo("America/New_York")
 
@@ -173,3 +173,10 @@ def test_parse_refuses_bad_definitions_saying_why(raw, kind, says):
     assert caught.value.kind == kind
     assert says in str(caught.value)
     assert "Schedule 's' of TASKS['default']" in str(caught.value) or kind == "definition"
+
+
+def test_relative_times_for_people():
+    assert relative(START + timedelta(minutes=4), START) == "in 4\xa0minutes"
+    assert relative(START + timedelta(seconds=35), START) == "in 35 s"
+    assert relative(START - timedelta(hours=2), START) == "2\xa0hours ago"
+    assert relative(None, START) == "never"

@@ -9,12 +9,11 @@ from django.core.management.base import BaseCommand, CommandError
 from django.db import router, transaction
 from django.db.models import OuterRef, Subquery
 from django.utils import timezone
-from django.utils.timesince import timesince, timeuntil
 
 from django_jobstate.models import Job, Schedule
 from django_jobstate.schedule_settings import load
 from django_jobstate.scheduler import db_now, enqueue_tick, sync
-from django_jobstate.schedules import Definition
+from django_jobstate.schedules import Definition, relative
 
 
 class Command(BaseCommand):
@@ -96,10 +95,7 @@ class Command(BaseCommand):
     def when(self, value: str | None, now: Any) -> str:
         if value is None:
             return "never"
-        at = datetime.fromisoformat(value)
-        if at > now:
-            return f"{value} (in {timeuntil(at, now)})"
-        return f"{value} ({timesince(at, now)} ago)"
+        return f"{value} ({relative(datetime.fromisoformat(value), now)})"
 
     def run_now(self, name: str) -> None:
         try:
