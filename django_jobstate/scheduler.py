@@ -156,11 +156,11 @@ class Scheduler:
 
     def run_once(self) -> float:
         """Enqueue the due ticks; return the seconds until the next one may be due."""
-        if not self.definitions:
-            return MAX_SLEEP
-        if not self.synced:
+        if not self.synced:  # even with none: the rows of removed schedules say so
             sync(self.definitions.values())
             self.synced = True
+        if not self.definitions:
+            return MAX_SLEEP
         db = router.db_for_write(Schedule)
         rows, now = self._earliest(db)
         wait, ticked = MAX_SLEEP, False

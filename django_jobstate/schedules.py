@@ -35,6 +35,7 @@ ALL_LIMIT = 100  # ticks enqueued per transaction under catch_up="all"
 PRUNE_SCHEDULE = "jobstate.prune"  # the built-in schedule of JOBSTATE_RETENTION
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 MICROSECOND = timedelta(microseconds=1)
+MISSED_COUNT_LIMIT = 10_000  # ticks counted one by one as missed; past it, "at least"
 
 
 class ScheduleError(ValueError):
@@ -115,7 +116,7 @@ class Definition:
         missed, tick = 0, due
         if tick < floor:  # too late under every policy: count them, enqueue none
             first = self.next_tick(floor - MICROSECOND)
-            while tick < first and missed < 100_000:
+            while tick < first and missed < MISSED_COUNT_LIMIT:
                 missed, tick = missed + 1, self.next_tick(tick)
             tick = max(tick, first)
         ticks = []

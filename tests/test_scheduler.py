@@ -297,3 +297,9 @@ def test_system_checks_refuse_a_bad_retention():
     assert "JOBSTATE_RETENTION['succeeded']" in msg
     [(check_id, msg)] = checks_of({}, JOBSTATE_RETENTION={"queued": "7d"})
     assert "keys succeeded and/or failed" in msg
+
+
+def test_a_scheduler_without_schedules_still_marks_the_removed_ones():
+    sync([every(60)])
+    assert scheduler().run_once() > 0
+    assert Schedule.objects.get().removed_at is not None
