@@ -145,11 +145,9 @@ class Scheduler:
                 logger.error("%s: not scheduled: %s", name, exc)
         self.definitions = definitions
         if definitions:
-            logger.info(
-                "%s: %s",
-                name,
-                ", ".join(f"{d.name} ({d.expression})" for d in definitions.values()),
-            )
+            listed = [f"{d.name} ({d.expression})" for d in list(definitions.values())[:10]]
+            more = f" and {len(definitions) - 10} more" if len(definitions) > 10 else ""
+            logger.info("%s: schedules %s%s", name, ", ".join(listed), more)
         self.by_hash = {d.hash: d for d in definitions.values()}
         self.synced = False
         self._hold: dict[str, float] = {}  # {name: monotonic time before which not to try}
