@@ -55,7 +55,6 @@ class Command(BaseCommand):
             help="Start worker names with ID (default: host:pid); a random part follows, so "
             "that two runjobs given the same ID never share a name.",
         )
-
         parser.add_argument(
             "--no-schedules",
             action="store_true",
