@@ -208,3 +208,15 @@ def test_two_definitions_of_one_schedule_never_enqueue_two_jobs_for_one_tick(run
 
 def last_new_id():
     return Job.objects.filter(kwargs={"v": "new"}).order_by("-id").values_list("id", flat=True)[0]
+
+
+def test_no_schedules_and_burst_runs_enqueue_no_tick(runjobs):
+    quiet = runjobs.start("--no-schedules", **env())
+    wait_for(lambda: "Worker" in runjobs.output(quiet) and "started" in runjobs.output(quiet))
+    assert runjobs.run("--burst", **env()).returncode == 0
+    run_for(3)  # three ticks of "fast", were anything scheduling
+    out = runjobs.stop(quiet)
+    assert quiet.returncode == 0, out
+    assert not Schedule.objects.exists()
+    assert not Job.objects.exists()
+    assert "schedules fast" not in out
