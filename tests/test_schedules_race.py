@@ -130,7 +130,7 @@ def test_five_supervisors_enqueue_each_tick_once(runjobs):
     run_for(1)
     outputs = stop_all(runjobs, procs)
     figures = check_ticks(outputs)
-    assert figures["ticks"] >= 20
+    assert figures["ticks"] >= 15  # 20 s of "fast" at the least, and a minute tick
     assert figures["missed"] == 0
 
 
