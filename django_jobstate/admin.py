@@ -23,6 +23,7 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
+from . import admin_schedules  # noqa: F401  (registers the Schedule admin)
 from .admin_actions import JobActions
 from .admin_filters import (
     CappedPaginator,

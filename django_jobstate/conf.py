@@ -1,7 +1,7 @@
 """The app's settings: `JOBSTATE_*` names in the project's settings, with defaults."""
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -32,6 +32,9 @@ class Settings:
     TASK_MODULES: Sequence[str] = ()
     # OpenTelemetry spans for enqueue and each attempt (tracing.py; needs opentelemetry-api).
     TRACING: bool = False
+    # {"succeeded": "7d", "failed": "30d"}: prune older finished tasks hourly, on a built-in
+    # schedule (schedule_settings.py); None keeps every job.
+    RETENTION: Mapping[str, str | float] | None = None
 
 
 DAY = 86_400.0

@@ -9,6 +9,7 @@ from django.utils.translation import gettext_lazy as _
 from .heartbeats import WorkerHeartbeatManager
 from .managers import JobManager
 from .queues import JobQueueManager
+from .schedule_model import Schedule as Schedule  # periodic jobs' table, in its own module
 from .states import LIVE_STATES, FailureReason, State
 from .uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 
@@ -104,6 +105,12 @@ class Job(models.Model):
         blank=True,
         editable=False,
     )
+    # Periodic jobs (schedules.py): the schedule and the tick that enqueued the job, kept by
+    # its retries; NULL for a job enqueued otherwise.
+    schedule_name = models.CharField(  # noqa: DJ001
+        _("schedule"), max_length=200, null=True, blank=True, editable=False
+    )
+    scheduled_for = models.DateTimeField(_("scheduled for"), null=True, blank=True, editable=False)
 
     # True on the live job that an enqueue of a unique key returned instead of a new one.
     deduplicated = False
@@ -173,8 +180,20 @@ class Job(models.Model):
                 ),
                 name="jobstate_job_unique_scope",
             ),
+            models.CheckConstraint(
+                condition=Q(schedule_name=None, scheduled_for=None)
+                | Q(schedule_name__isnull=False, scheduled_for__isnull=False),
+                name="jobstate_job_schedule_tick",
+            ),
             models.UniqueConstraint(
                 fields=["result_id", "attempt"], name="jobstate_job_one_row_per_attempt"
+            ),
+            # Periodic jobs: one first attempt per tick of a schedule, whoever inserts it (the
+            # scheduler's compare-and-set already sees to it; this is the backstop).
+            models.UniqueConstraint(
+                fields=["schedule_name", "scheduled_for"],
+                condition=Q(schedule_name__isnull=False, attempt=1),
+                name="jobstate_job_one_job_per_tick",
             ),
             models.UniqueConstraint(
                 fields=["previous"],
@@ -238,6 +257,13 @@ class Job(models.Model):
             ),
             # The admin's date navigation (MIN/MAX) and its date ranges.
             models.Index(fields=["enqueued_at"], name="jobstate_job_by_enqueued"),
+            # prune() (and the retention schedule): the attempts finished before a time.
+            # Only finished rows have an entry, each written once, when it finishes.
+            models.Index(
+                fields=["finished_at"],
+                condition=Q(finished_at__isnull=False),
+                name="jobstate_job_by_finished",
+            ),
         ]
 
     def __str__(self) -> str:

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import DatabaseError
 
@@ -39,6 +39,9 @@ from . import metrics
 from .exceptions import WorkerInterrupted, WorkerLost
 from .ledger import STARTED, Ledger
 from .states import FailureReason
+
+if TYPE_CHECKING:
+    from .scheduler import SchedulerThread
 
 # Nothing here imports models at import time: a spawned child imports this module to find
 # run_child before Django is set up.
@@ -103,6 +106,7 @@ class Supervisor:
         self.base_id = supervisor_id(worker_id)
         self.options = options  # Worker(...) arguments: queues, poll_interval, burst, max_jobs
         self.batch_size = options.pop("max_batch", MAX_BATCH)
+        self.schedules = options.pop("schedules", False)  # run a scheduler (scheduler.py)
         self.stopping = False
         self.interrupted = False
         self.unavailable = False  # a --burst worker could not reach the database
@@ -124,6 +128,7 @@ class Supervisor:
             extra={"event": "supervisor.started", "supervisor_id": self.base_id},
         )
         self.monitor.start()
+        scheduler = start_scheduler(f"Scheduler {self.base_id}") if self.schedules else None
         try:
             for slot in range(self.concurrency):
                 if not self.stopping:
@@ -132,6 +137,8 @@ class Supervisor:
                 wait([c.process.sentinel for c in self._children.values()], self._wake_in())
                 self._watch(time.monotonic())
         finally:
+            if scheduler is not None:
+                scheduler.stop()
             self.monitor.finish()
         logger.info(
             "Supervisor %s stopped",
@@ -253,6 +260,14 @@ class Supervisor:
     def _should_replace(self, child: Child) -> bool:
         code = child.process.exitcode
         return not self.stopping and code not in (0, EXIT_UNAVAILABLE)
+
+
+def start_scheduler(name: str) -> SchedulerThread:
+    from .scheduler import SchedulerThread
+
+    thread = SchedulerThread(name)
+    thread.start()
+    return thread
 
 
 def release(worker_id: str, pks: list[int]) -> None:

@@ -55,8 +55,21 @@ TASKS = {
     "default": {
         "BACKEND": "django_jobstate.backend.JobStateBackend",
         "QUEUES": ["default", "emails"],
+        "OPTIONS": {
+            # Periodic jobs: every runjobs enqueues each tick once (README "Periodic jobs").
+            "SCHEDULES": {
+                "add-every-minute": {
+                    "task": "example_project.tasks.add",
+                    "cron": "* * * * *",
+                    "args": [2, 3],
+                    "unique": True,
+                },
+            },
+        },
     }
 }
+# Prune finished jobs hourly: successes after a week, failures after a month.
+JOBSTATE_RETENTION = {"succeeded": "7d", "failed": "30d"}
 
 USE_TZ = True
 TIME_ZONE = "UTC"

@@ -84,6 +84,8 @@ class Enqueue(Writes):
         raise_duplicates: bool = False,
         metadata: dict[str, Any] | None = None,
         trace_context: dict[str, Any] | None = None,
+        schedule_name: str | None = None,
+        scheduled_for: datetime | None = None,
     ) -> list[Job]:
         """Create the first attempts of several calls of one task: all of them, or none.
 
@@ -96,6 +98,7 @@ class Enqueue(Writes):
         With `unique_keys` (one per call), a call whose key is held (uniqueness.py) writes
         nothing: its place in the list is the holder, with `deduplicated` set, or with
         `raise_duplicates`, JobAlreadyEnqueued is raised and nothing is written at all.
+        `schedule_name` and `scheduled_for` mark the jobs of a schedule's tick (schedules.py).
         """
         calls = list(calls)
         keys: Sequence[str | None] = [None] * len(calls) if unique_keys is None else unique_keys
@@ -113,6 +116,8 @@ class Enqueue(Writes):
             unique_scope=None if unique_keys is None else unique_scope,
             metadata={} if metadata is None else metadata,
             trace_context=trace_context,
+            schedule_name=schedule_name,
+            scheduled_for=scheduled_for,
         )
         if run_after is not None:
             template.run_after = run_after

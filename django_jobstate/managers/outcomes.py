@@ -187,6 +187,8 @@ class Outcomes(Writes):
                     unique_scope=job.unique_scope,
                     metadata=job.metadata,
                     trace_context=job.trace_context,
+                    schedule_name=job.schedule_name,
+                    scheduled_for=job.scheduled_for,
                 )
                 # prune() may be deleting `job`'s task, having read it before this INSERT:
                 # lock `job` (prune locks it too) so that it cannot go until this commits.

@@ -71,6 +71,12 @@ class Command(BaseCommand):
             help="Serve Prometheus metrics of all the workers at http://127.0.0.1:PORT/metrics "
             "(0: any free port, logged). Needs prometheus-client: django-jobstate[metrics].",
         )
+        parser.add_argument(
+            "--no-schedules",
+            action="store_true",
+            help="Run no scheduler: enqueue no periodic job (SCHEDULES) from this runjobs. "
+            "A --burst run never schedules.",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
@@ -89,6 +95,7 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             burst=options["burst"],
             max_jobs=options["max_jobs"],
+            schedules=not (options["no_schedules"] or options["burst"]),
         )
         exporter = self._start_metrics(options["metrics_port"], supervisor)
         forced: list[int] = []

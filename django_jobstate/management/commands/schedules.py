@@ -1,0 +1,116 @@
+"""`manage.py schedules`: list the periodic jobs, store their definitions, run one now."""
+
+import argparse
+import json
+from datetime import datetime
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import router, transaction
+from django.db.models import OuterRef, Subquery
+from django.utils import timezone
+
+from django_jobstate.models import Job, Schedule
+from django_jobstate.schedule_settings import load
+from django_jobstate.scheduler import db_now, enqueue_tick, sync
+from django_jobstate.schedules import Definition, relative
+
+
+class Command(BaseCommand):
+    help = (
+        "List the periodic jobs (TASKS[alias]['OPTIONS']['SCHEDULES'] and JOBSTATE_RETENTION) "
+        "as the database holds them: enabled, next tick, last tick and its job's state."
+    )
+
+    def add_arguments(self, parser: argparse.ArgumentParser) -> None:
+        parser.add_argument("--json", action="store_true", help="Print JSON, one object each.")
+        parser.add_argument(
+            "--sync",
+            action="store_true",
+            help="Store the settings' definitions first (runjobs does it when it starts): "
+            "for a deploy step.",
+        )
+        parser.add_argument(
+            "--run",
+            metavar="NAME",
+            help="Enqueue a job of schedule NAME now, besides its ticks.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["sync"]:
+            definitions, errors = load()
+            if errors:
+                raise CommandError("\n".join(str(e) for e in errors))
+            sync(definitions.values())
+        if options["run"]:
+            self.run_now(options["run"])
+            return
+        rows = self.rows()
+        if options["json"]:
+            self.stdout.write(json.dumps(rows, indent=2))
+            return
+        if not rows:
+            self.stdout.write("No schedules stored (runjobs stores the settings' when it starts).")
+        now = timezone.now()
+        for row in rows:
+            status = "removed" if row["removed"] else "enabled" if row["enabled"] else "disabled"
+            self.stdout.write(f"{row['name']}  [{status}]  {row['task']}  {row['schedule']}")
+            self.stdout.write(f"    next tick: {self.when(row['next_tick'], now)}")
+            last = self.when(row["last_tick"], now)
+            if row["last_job_state"]:
+                last += f", job {row['last_job']} {row['last_job_state']}"
+            self.stdout.write(f"    last tick: {last}")
+            self.stdout.write(f"    skipped: {row['skipped']}, missed: {row['missed']}")
+
+    def rows(self) -> list[dict[str, Any]]:
+        newest = Job.objects.filter(result_id=OuterRef("last_result_id")).order_by("-attempt")
+        schedules = Schedule.objects.order_by("name").annotate(
+            last_state=Subquery(newest.values("state")[:1]),
+            last_job=Subquery(newest.values("pk")[:1]),
+        )
+        return [
+            {
+                "name": s.name,
+                "task": s.task_path,
+                "schedule": s.expression,
+                "cron": s.cron or None,
+                "every": s.every,
+                "timezone": s.timezone,
+                "enabled": s.enabled,
+                "removed": s.removed_at is not None,
+                "next_tick": s.next_tick_at.isoformat(),
+                "last_tick": s.last_tick_at.isoformat() if s.last_tick_at else None,
+                "last_job": s.last_job,
+                "last_job_state": s.last_state,
+                "skipped": s.skipped,
+                "last_skipped": s.last_skipped_at.isoformat() if s.last_skipped_at else None,
+                "missed": s.missed,
+                "queue": s.queue_name,
+                "catch_up": s.catch_up,
+                "unique": s.unique,
+            }
+            for s in schedules
+        ]
+
+    def when(self, value: str | None, now: Any) -> str:
+        if value is None:
+            return "never"
+        return f"{value} ({relative(datetime.fromisoformat(value), now)})"
+
+    def run_now(self, name: str) -> None:
+        try:
+            schedule = Schedule.objects.get(name=name, removed_at=None)
+        except Schedule.DoesNotExist:
+            known = ", ".join(
+                Schedule.objects.filter(removed_at=None).values_list("name", flat=True)
+            )
+            raise CommandError(
+                f"No schedule {name!r}; the schedules are: {known or 'none'}."
+            ) from None
+        db = router.db_for_write(Schedule)
+        with transaction.atomic(using=db):
+            job = enqueue_tick(db, Definition.from_row(schedule), db_now(db))
+        if job.deduplicated:
+            self.stdout.write(f"Not enqueued: the last run of {name} (job {job.pk}) is still live.")
+        else:
+            self.stdout.write(f"Enqueued job {job.pk} of schedule {name}.")
