@@ -378,3 +378,11 @@ def never_returns(label: str) -> None:
 def record_in_emails(label: str) -> str:
     Execution.objects.create(label=label)
     return label
+
+
+@task
+def record_then_sleep(label: str, seconds: float) -> str:
+    """Record its start, then sleep: a test knows the body began (not just the claim)."""
+    Execution.objects.create(label=label)
+    time.sleep(seconds)
+    return label

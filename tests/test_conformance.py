@@ -891,9 +891,10 @@ def test_a_signal_mid_task_lets_it_finish_a_second_one_fails_it(runjobs):
     assert proc.wait(timeout=30) == 0, runjobs.output(proc)
     assert finishing.task.get_result(finishing.id).status == TaskResultStatus.SUCCESSFUL
 
-    stuck = tasks.sleep_then_record.enqueue("interrupted", 60)
+    stuck = tasks.record_then_sleep.enqueue("interrupted", 60)
     proc = runjobs.start()
-    wait_for(lambda: stuck.task.get_result(stuck.id).status == TaskResultStatus.RUNNING)
+    # The body began, not only the claim: an attempt claimed but not begun is handed back.
+    wait_for(lambda: Execution.objects.filter(label="interrupted").exists())
     proc.send_signal(signal.SIGINT)
     wait_for(lambda: "SIGINT received" in runjobs.output(proc))
     proc.send_signal(signal.SIGINT)
