@@ -37,7 +37,7 @@ from django.db import DatabaseError
 
 from . import metrics
 from .exceptions import WorkerInterrupted, WorkerLost
-from .ledger import STARTED, Ledger
+from .ledger import STARTED, Ledger, ledger_size
 from .states import FailureReason
 
 if TYPE_CHECKING:
@@ -210,7 +210,8 @@ class Supervisor:
     def _spawn(self, slot: int) -> None:
         self._spawned += 1
         worker_id = f"{self.base_id}/{slot}.{self._spawned}"[-64:]
-        ledger = Ledger(self._context, self.batch_size)
+        in_flight = self.options.get("in_flight", 1)
+        ledger = Ledger(self._context, ledger_size(self.batch_size, in_flight), in_flight)
         options = {**self.options, "worker_id": worker_id, "max_batch": self.batch_size}
         process = self._context.Process(
             target=run_child,

@@ -125,6 +125,11 @@ class Waiter:
             self.close()
         return found
 
+    def heard(self) -> bool:
+        """Whether, since the last look, a job of this worker's queues was enqueued (any
+        priority). Does not wait."""
+        return self.ahead(-ANY_PRIORITY)
+
     def _listen(self) -> Any:
         if self._listener is None:
             wrapper = connections[self.using]

@@ -10,6 +10,7 @@ watchdog thread (watchdog.py) instead.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import multiprocessing
 import os
@@ -42,7 +43,7 @@ from .backend import JobStateBackend, load_task, to_task_result
 from .conf import get_settings
 from .context import JobStateContext
 from .exceptions import JobCancelled, JobTimeout, LostRace
-from .ledger import Ledger
+from .ledger import Ledger, ledger_size
 from .logs import job_fields
 from .managers import ClaimKey, claim_key, describe_error
 from .models import Job, JobQueue
@@ -76,6 +77,15 @@ MAX_BATCH = 100
 RESCAN_AFTER = 1.0
 # A --burst run exits once no job is runnable and none is due within this many seconds.
 BURST_HORIZON = 10.0
+# With --in-flight, how long past its deadline an async task, which the worker cancels
+# itself, may take to end before the supervisor stops the whole process (inflight.py).
+ASYNC_GRACE = 1.0
+
+
+def is_async(task: Task) -> bool:
+    """Whether `task` can run on an event loop: a coroutine function, and not atomic (an
+    atomic body runs in a transaction, which is synchronous)."""
+    return inspect.iscoroutinefunction(task.func) and not getattr(task, "atomic", False)
 
 
 @dataclass
@@ -107,6 +117,7 @@ class Worker:
         burst: bool = False,
         max_jobs: int | None = None,
         max_batch: int = MAX_BATCH,
+        in_flight: int = 1,
         ledger: Ledger | None = None,
         parent: int | None = None,
     ) -> None:
@@ -118,8 +129,11 @@ class Worker:
         self.burst = burst
         self.max_jobs = max_jobs
         self.max_batch = max_batch
+        self.in_flight = in_flight
         self.supervised = ledger is not None
-        self.ledger = ledger or Ledger(multiprocessing.get_context("spawn"), max_batch)
+        self.ledger = ledger or Ledger(
+            multiprocessing.get_context("spawn"), ledger_size(max_batch, in_flight), in_flight
+        )
         self.parent = parent
         self.jobs_done = 0
         self.unavailable = False  # a burst run that could not reach the database
@@ -164,13 +178,12 @@ class Worker:
         waiter = self._waiter = Waiter(self._stopping, using=self.db, queues=self.queues)
         waiter.start()
         try:
-            while not self.stopping and not self.reached_max_jobs:
-                if self.parent is not None and os.getppid() != self.parent:
-                    logger.warning(
-                        "Worker %s lost its supervisor; stopping",
-                        self.worker_id,
-                        extra={"event": "worker.orphaned", "worker_id": self.worker_id},
-                    )
+            if self.in_flight > 1:
+                from .inflight import run_in_flight
+
+                run_in_flight(self, waiter)
+            while self.in_flight == 1 and not self.stopping and not self.reached_max_jobs:
+                if self.orphaned():
                     break
                 jobs = self._claim()
                 if jobs:
@@ -194,6 +207,20 @@ class Worker:
                 },
             )
 
+    def orphaned(self) -> bool:
+        """Whether its supervisor is gone (then it stops: nobody would stop an attempt
+        at its deadline)."""
+        if self.parent is None or os.getppid() == self.parent:
+            return False
+        if not self.stopping:
+            logger.warning(
+                "Worker %s lost its supervisor; stopping",
+                self.worker_id,
+                extra={"event": "worker.orphaned", "worker_id": self.worker_id},
+            )
+            self._stopping.set()
+        return True
+
     def _due_soon(self) -> bool:
         """Whether a queued job (say, a retry waiting for its backoff) is due within
         BURST_HORIZON seconds, not in a paused queue: a --burst run waits for it instead
@@ -207,21 +234,25 @@ class Worker:
             connections[self.db].close()
             return True  # the next claim says what is wrong
 
-    def _batch_size(self) -> int:
+    def claim_limit(self, in_flight: int = 0) -> int:
+        """How many jobs to claim next: one at a time, as many as run in BATCH_WINDOW
+        seconds; with --in-flight, a batch (the caller caps it to its free places). Never
+        more than --max-jobs leaves, counting the `in_flight` attempts not yet done."""
         size = self.max_batch
-        if self._average_duration is None:
-            size = 1
-        elif self._average_duration > 0:
-            size = min(size, max(1, int(BATCH_WINDOW / self._average_duration)))
+        if self.in_flight == 1:
+            if self._average_duration is None:
+                size = 1
+            elif self._average_duration > 0:
+                size = min(size, max(1, int(BATCH_WINDOW / self._average_duration)))
         if self.max_jobs is not None:
-            size = min(size, self.max_jobs - self.jobs_done)
+            size = min(size, self.max_jobs - self.jobs_done - in_flight)
         return size
 
-    def _claim(self) -> list[Job]:
+    def _claim(self, limit: int | None = None) -> list[Job]:
+        limit = self.claim_limit() if limit is None else limit
         connection = connections[self.db]
         if not connection.in_atomic_block:  # a long-lived worker drops broken connections
             close_old_connections()
-        limit = self._batch_size()
         if time.monotonic() >= self._rescan_at:
             self._from_key = None
         elif self._from_key is not None and self._waiter is not None:
@@ -331,6 +362,16 @@ class Worker:
     def _execute(self, job: Job, index: int) -> Outcome | None:
         """Run the attempt at `index` of the held batch and return its outcome, or None if
         the supervisor handed it back before it started."""
+        begun = self._begin(job, index)
+        if not isinstance(begun, tuple):
+            return begun
+        outcome = self._body(job, *begun, index)
+        self._learn(outcome)
+        return outcome
+
+    def _begin(self, job: Job, index: int) -> tuple[Task, TaskResult] | Outcome | None:
+        """Start the attempt at `index`: its task and result to run the body with, or its
+        outcome if it must not run, or None if the supervisor handed it back."""
         try:
             # The database is read here, before the body begins: an outage now is not the
             # task's error. Wait for the database; the attempt is still in hand.
@@ -343,8 +384,17 @@ class Worker:
         if self.ledger.cancel_requested(index):  # cancelled while held: never begin it
             cancelled = JobCancelled("it was cancelled before it started")
             return Outcome(job, time.monotonic(), time.monotonic(), error=cancelled)
-        if not self.ledger.start(index, job.timeout):  # the deadline starts with the body
+        grace = ASYNC_GRACE if self._on_loop(task) else 0.0
+        if not self.ledger.start(index, job.timeout, grace):  # the deadline starts now
             return None
+        return task, result
+
+    def _on_loop(self, task: Task) -> bool:
+        """Whether the attempt runs on the in-flight event loop (inflight.py)."""
+        return self.in_flight > 1 and is_async(task)
+
+    def _body(self, job: Job, task: Task, result: TaskResult, index: int) -> Outcome:
+        """Run the body of a started attempt (in this thread) and return its outcome."""
         span = self.tracing.Attempt(job) if self.tracing else None
         started = time.monotonic()
         try:
@@ -354,8 +404,12 @@ class Worker:
         else:
             outcome = Outcome(job, started, time.monotonic(), value=value, written=written)
         finally:
-            self.ledger.finish()
-        duration = outcome.finished - started
+            self.ledger.finish(index)
+        return self._judge(outcome, span)
+
+    def _judge(self, outcome: Outcome, span: Any) -> Outcome:
+        """An outcome that came after the attempt's deadline is a timeout."""
+        job, duration = outcome.job, outcome.finished - outcome.started
         if job.timeout is not None and duration > job.timeout and not outcome.written:
             # Returned (or raised) after its deadline, before it was stopped: a late
             # supervisor, or the whole process group was frozen. Late is a timeout either way.
@@ -365,12 +419,16 @@ class Worker:
             )
         if span:
             span.finish(outcome.error, outcome.reason)
+        return outcome
+
+    def _learn(self, outcome: Outcome) -> None:
+        """Keep the average duration that sizes the next claim."""
+        duration = outcome.finished - outcome.started
         self._average_duration = (
             duration
             if self._average_duration is None
             else 0.8 * self._average_duration + 0.2 * duration
         )
-        return outcome
 
     def _prepare(self, job: Job) -> tuple[Task, TaskResult]:
         task = self._load_task(job.task_path)  # a path that is not a Task fails: nothing runs
@@ -388,15 +446,7 @@ class Worker:
         like every outcome: if the attempt is no longer this worker's (rescued as lost,
         timed out), LostRace rolls back the body's writes with it.
         """
-        task_started.send(JobStateBackend, task_result=result)
-        args: tuple[object, ...] = ()
-        if task.takes_context:
-            flag = functools.partial(self.ledger.cancel_requested, index)
-            args = (
-                JobStateContext(
-                    task_result=result, metadata=job.metadata, _job=job, cancel_flag=flag
-                ),
-            )
+        args = self._arguments(job, task, result, index)
         if not getattr(task, "atomic", False):
             value = task.call(*args, *job.args, **job.kwargs)
             return encode_payload(value, "The task's return value")[0], False
@@ -405,6 +455,18 @@ class Worker:
             value = encode_payload(value, "The task's return value")[0]
             Job.objects.succeed(job, value)
         return value, True
+
+    def _arguments(
+        self, job: Job, task: Task, result: TaskResult, index: int
+    ) -> tuple[object, ...]:
+        """Send task_started; the arguments the body takes before the job's own."""
+        task_started.send(JobStateBackend, task_result=result)
+        if not task.takes_context:
+            return ()
+        flag = functools.partial(self.ledger.cancel_requested, index)
+        return (
+            JobStateContext(task_result=result, metadata=job.metadata, _job=job, cancel_flag=flag),
+        )
 
     def _load_task(self, path: str) -> Task:
         if path not in self._tasks:

@@ -386,3 +386,58 @@ def record_then_sleep(label: str, seconds: float) -> str:
     Execution.objects.create(label=label)
     time.sleep(seconds)
     return label
+
+
+# In-flight attempts (runjobs --in-flight): each records its start and its end, so that a
+# test can count how many ran at once from the order of the rows.
+
+
+@task(max_attempts=3, backoff=0)
+async def async_waits(label: str, seconds: float) -> str:
+    await Execution.objects.acreate(label=f"{label}:start")
+    await asyncio.sleep(seconds)
+    await Execution.objects.acreate(label=f"{label}:end")
+    return label
+
+
+@task(max_attempts=3, backoff=0)
+def sync_waits(label: str, seconds: float) -> str:
+    Execution.objects.create(label=f"{label}:start")
+    time.sleep(seconds)
+    Execution.objects.create(label=f"{label}:end")
+    return label
+
+
+@task(timeout=1)
+async def async_sleeps_past_its_timeout(label: str) -> None:
+    await Execution.objects.acreate(label=f"{label}:start")
+    await asyncio.sleep(60)
+    await Execution.objects.acreate(label=f"{label}:end")
+
+
+@task(timeout=1)
+async def async_holds_the_loop(label: str) -> None:
+    """Never gives the event loop back: cancelling it cannot stop it."""
+    await Execution.objects.acreate(label=f"{label}:start")
+    time.sleep(60)
+
+
+@task(timeout=1)
+def sync_sleeps_past_its_timeout(label: str) -> None:
+    Execution.objects.create(label=f"{label}:start")
+    time.sleep(60)
+
+
+@task(takes_context=True)
+async def async_stops_when_cancelled(context: TaskContext, label: str) -> None:
+    await Execution.objects.acreate(label=f"{label}:started")
+    while True:
+        context.raise_if_cancelled()  # type: ignore[attr-defined]
+        await asyncio.sleep(0.01)
+
+
+@task
+async def async_never_returns(label: str) -> None:
+    """Ignores cancel requests: only the worker's cancellation at the grace stops it."""
+    await Execution.objects.acreate(label=f"{label}:started")
+    await asyncio.sleep(3600)

@@ -45,6 +45,14 @@ class Command(BaseCommand):
             metavar="N",
             help="Run N worker processes (default: 1).",
         )
+        parser.add_argument(
+            "--in-flight",
+            type=positive_int,
+            default=1,
+            metavar="N",
+            help="Run up to N attempts at once in each worker process: async tasks on an "
+            "event loop, others on threads; for jobs that wait on the network (default: 1).",
+        )
         parser.add_argument("--burst", action="store_true", help="Exit once no job is runnable.")
         parser.add_argument(
             "--max-jobs",
@@ -95,6 +103,7 @@ class Command(BaseCommand):
             poll_interval=options["poll_interval"],
             burst=options["burst"],
             max_jobs=options["max_jobs"],
+            in_flight=options["in_flight"],
             schedules=not (options["no_schedules"] or options["burst"]),
         )
         exporter = self._start_metrics(options["metrics_port"], supervisor)

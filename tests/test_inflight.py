@@ -1,0 +1,132 @@
+"""Several attempts at once in one worker process (runjobs --in-flight), under real
+`runjobs` processes: each attempt runs once, deadlines and cancels stop what they can, a
+stop finishes what is in flight."""
+
+import signal
+
+import pytest
+from django.tasks import TaskResultStatus
+
+from django_jobstate.exceptions import JobCancelled, JobTimeout
+from django_jobstate.models import Job
+from django_jobstate.states import FailureReason, State
+from tests import tasks
+from tests.models import Execution
+from tests.test_cancel import GRACE, backend, settings_env, stop_running
+from tests.test_runjobs import wait_for
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+
+def most_at_once(prefix: str) -> int:
+    """How many attempts whose label starts with `prefix` ran at once, by the order in
+    which their start and end rows were written."""
+    running = most = 0
+    for label in (
+        Execution.objects.filter(label__startswith=prefix)
+        .order_by("pk")
+        .values_list("label", flat=True)
+    ):
+        running += 1 if label.endswith(":start") else -1
+        most = max(most, running)
+    return most
+
+
+def each_ran_once(prefix: str, n: int) -> None:
+    labels = list(
+        Execution.objects.filter(label__startswith=prefix).values_list("label", flat=True)
+    )
+    expected = [f"{prefix}{i}:{edge}" for i in range(n) for edge in ("start", "end")]
+    assert sorted(labels) == sorted(expected)
+
+
+def test_many_attempts_run_at_once_in_each_process_and_each_runs_once(runjobs):
+    for i in range(30):
+        tasks.async_waits.enqueue(f"a{i}", 0.3)
+        tasks.sync_waits.enqueue(f"s{i}", 0.3)
+    done = runjobs.run("--concurrency", "2", "--in-flight", "10", "--burst", timeout=120)
+    assert done.returncode == 0, done.stdout
+    assert Job.objects.count() == 60, "an attempt failed and was retried"
+    assert set(Job.objects.values_list("state", flat=True)) == {State.SUCCEEDED}
+    each_ran_once("a", 30)
+    each_ran_once("s", 30)
+    # Async tasks share one event loop per process; sync ones run on threads.
+    assert most_at_once("a") > 2
+    assert most_at_once("s") > 2
+
+
+def test_an_async_attempt_past_its_timeout_is_cancelled_and_its_neighbours_run_on(runjobs):
+    late = tasks.async_sleeps_past_its_timeout.enqueue("late")
+    neighbours = [tasks.sync_waits.enqueue(f"n{i}", 3) for i in range(3)]
+    proc = runjobs.start("--in-flight", "8")
+    wait_for(lambda: backend().get_result(late.id).is_finished, timeout=30)
+    wait_for(lambda: all(backend().get_result(r.id).is_finished for r in neighbours), timeout=30)
+    output = runjobs.stop(proc)
+    attempt = Job.objects.get(result_id=late.id)
+    assert attempt.failure_reason == FailureReason.TIMEOUT, output
+    assert backend().get_result(late.id).errors[-1].exception_class is JobTimeout
+    # Cancelled on the event loop: the process ran on, and its neighbours' first attempts
+    # succeeded.
+    assert "stopping the worker process" not in output
+    assert all(backend().get_result(r.id).status == TaskResultStatus.SUCCESSFUL for r in neighbours)
+    assert Job.objects.filter(result_id__in=[r.id for r in neighbours], attempt=1).count() == 3
+    assert Job.objects.count() == 4
+    assert not Execution.objects.filter(label="late:end").exists()
+
+
+@pytest.mark.parametrize(
+    "overrun",
+    [tasks.async_holds_the_loop, tasks.sync_sleeps_past_its_timeout],
+    ids=["async", "sync"],
+)
+def test_an_attempt_that_cannot_be_stopped_ends_its_process_and_its_neighbours_are_retried(
+    runjobs, overrun
+):
+    """A thread cannot be stopped, nor an async task that holds the event loop: the
+    supervisor ends the process at the deadline (plus the async grace), as it does with one
+    attempt at a time; the attempts running beside it fail as lost and run again."""
+    late = overrun.enqueue("late")
+    proc = runjobs.start("--in-flight", "8")
+    wait_for(lambda: Execution.objects.filter(label="late:start").exists())
+    neighbours = [tasks.sync_waits.enqueue(f"n{i}", 5) for i in range(3)]
+    wait_for(lambda: Execution.objects.filter(label__endswith=":start").count() == 4)
+    wait_for(lambda: all(backend().get_result(r.id).is_finished for r in neighbours), timeout=60)
+    output = runjobs.stop(proc)
+    assert "stopping the worker process" in output
+    assert Job.objects.get(result_id=late.id).failure_reason == FailureReason.TIMEOUT, output
+    for result in neighbours:
+        assert backend().get_result(result.id).status == TaskResultStatus.SUCCESSFUL
+        first, second = Job.objects.filter(result_id=result.id).order_by("attempt")
+        assert first.failure_reason == FailureReason.LOST
+        assert second.state == State.SUCCEEDED
+    assert proc.returncode == 0
+
+
+@pytest.mark.parametrize("kind", ["cooperative", "never returns"])
+def test_a_cancelled_async_attempt_stops_within_the_grace_and_the_others_run_on(runjobs, kind):
+    proc = runjobs.start("--in-flight", "4", **settings_env(CANCEL_GRACE=GRACE))
+    neighbour = tasks.sync_waits.enqueue("n0", 4)
+    task = tasks.async_stops_when_cancelled if kind == "cooperative" else tasks.async_never_returns
+    took, attempt = stop_running(task, kind, lambda: runjobs.output(proc))
+    assert took <= GRACE + 1.0
+    wait_for(lambda: backend().get_result(neighbour.id).is_finished, timeout=30)
+    output = runjobs.stop(proc)
+    assert backend().get_result(neighbour.id).status == TaskResultStatus.SUCCESSFUL
+    assert Job.objects.get(result_id=neighbour.id).attempt == 1, "its process was stopped"
+    assert "stopping the worker process" not in output
+    assert backend().get_result(attempt.result_id).errors[-1].exception_class is JobCancelled
+
+
+def test_a_stop_finishes_every_attempt_in_flight(runjobs):
+    for i in range(6):
+        tasks.async_waits.enqueue(f"a{i}", 1.5)
+        tasks.sync_waits.enqueue(f"s{i}", 1.5)
+    proc = runjobs.start("--in-flight", "12")
+    wait_for(lambda: Execution.objects.filter(label__endswith=":start").count() == 12)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(timeout=30)
+    assert proc.returncode == 0, runjobs.output(proc)
+    assert set(Job.objects.values_list("state", flat=True)) == {State.SUCCEEDED}
+    assert Job.objects.count() == 12
+    each_ran_once("a", 6)
+    each_ran_once("s", 6)
