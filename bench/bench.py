@@ -151,13 +151,14 @@ class Bench(Issue17Figures):
         workers: int,
         budget: float | None = None,
         task: str = "noop",
+        in_flight: int = 1,
     ) -> dict[str, Any]:
         """Enqueue `n` jobs of `task` (bulk, untimed), run `workers` worker processes
         until all are terminal, check each succeeded exactly once. With a `budget`
         (seconds), stop the workers then and count the jobs done so far. A system whose
         workers cannot exit once idle (Celery) is stopped when its record shows `n` runs."""
         seeded = helper(env, "seed", str(n), task)
-        procs = Workers(system, env, workers, burst=True)
+        procs = Workers(system, env, workers, burst=True, in_flight=in_flight)
         try:
             timeout = budget or max(300.0, n / 10)
             if system.burst:

@@ -14,6 +14,9 @@ from bench.bench_run import ROOT, Database, System, Workers, helper, pg_admin
 # The task each system's I/O-bound drain runs: sync `time.sleep` for the Django runners
 # and Celery's prefork pool, `asyncio.sleep` for Procrastinate's async workers.
 IO_TASK = {"jobstate": "io_sleep", "tasksdb": "io_sleep"}
+# Attempts at once per django-jobstate worker process in the I/O-bound drain (runjobs
+# --in-flight), as Procrastinate's per-process concurrency there (bench_peers.py).
+IO_IN_FLIGHT = 100
 
 
 class Issue17Figures:
@@ -29,19 +32,26 @@ class Issue17Figures:
         workers: int,
         budget: float | None = None,
         task: str = "noop",
+        in_flight: int = 1,
     ) -> dict[str, Any]:
         raise NotImplementedError
 
     def io(self, system: System) -> dict[str, Any]:
-        """2,000 jobs that each wait 100 ms, drained for at most `io_budget` seconds."""
+        """2,000 jobs that each wait 100 ms, drained for at most `io_budget` seconds. Ours
+        with IO_IN_FLIGHT attempts at once per process (sync on threads, and async on the
+        event loop), and one at a time, side by side: the baseline of the first target."""
         n, budget = self.sizes.io, self.sizes.io_budget
         task = IO_TASK.get(system.key, "io")
+        flight = IO_IN_FLIGHT if system.key == "jobstate" else 1
         out = {}
         for w in self.sizes.workers:
-            out[str(w)] = self.drain_in(system, self.db.fresh(system), n, w, budget, task)
-        if system.key == "jobstate":  # an async task: today, also one at a time
             env = self.db.fresh(system)
-            out["1-async"] = self.drain_in(system, env, n, 1, budget, "io_async")
+            out[str(w)] = self.drain_in(system, env, n, w, budget, task, in_flight=flight)
+        if system.key == "jobstate":
+            env = self.db.fresh(system)
+            out["1-async"] = self.drain_in(system, env, n, 1, budget, "io_async", flight)
+            env = self.db.fresh(system)
+            out["1-serial"] = self.drain_in(system, env, n, 1, budget, task)
         return out
 
     def txn(self, system: System) -> dict[str, Any]:

@@ -25,7 +25,7 @@ PROCRASTINATE_CONCURRENCY = int(os.environ.get("BENCH_PROCRASTINATE_CONCURRENCY"
 
 @dataclass(frozen=True)
 class CelerySystem(System):
-    def worker_commands(self, workers: int, *, burst: bool) -> list[list[str]]:
+    def worker_commands(self, workers: int, *, burst: bool, in_flight: int = 1) -> list[list[str]]:
         """One `celery worker` with a prefork pool of `workers` processes (no burst mode)."""
         return [
             [
@@ -59,7 +59,7 @@ class CelerySystem(System):
 
 @dataclass(frozen=True)
 class ProcrastinateSystem(System):
-    def worker_commands(self, workers: int, *, burst: bool) -> list[list[str]]:
+    def worker_commands(self, workers: int, *, burst: bool, in_flight: int = 1) -> list[list[str]]:
         """`workers` worker processes (Procrastinate has no supervisor of processes), each
         with PROCRASTINATE_CONCURRENCY async jobs at once; --one-shot exits once idle."""
         return [

@@ -107,6 +107,12 @@ def rows(sizes: Any) -> list[tuple[str, str, Getter, str]]:
             "{:,.1f}",
         ),
         (
+            "io",
+            "... 1 worker process, one job at a time (jobs/s)",
+            lambda r: r["1-serial"]["rate"],
+            "{:,.1f}",
+        ),
+        (
             "many",
             f"{sizes.many_supervisors} supervisors x {sizes.many_processes} worker processes, "
             f"{sizes.many:,} no-op jobs (jobs/s)",

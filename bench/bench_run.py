@@ -41,7 +41,7 @@ class System:
     def peer(self) -> bool:
         return self.helper_module != "bench.bench_helper"
 
-    def worker_commands(self, workers: int, *, burst: bool) -> list[list[str]]:
+    def worker_commands(self, workers: int, *, burst: bool, in_flight: int = 1) -> list[list[str]]:
         """One command per process to start: runjobs supervises its own worker processes,
         db_worker has no such option, so it is started `workers` times."""
         manage = [sys.executable, str(ROOT / "manage.py")]
@@ -51,6 +51,8 @@ class System:
             # as db_worker here and Celery's default log level write none either.
             if os.environ.get("JOBSTATE_BENCH_OBSERVE") == "1":  # bench_settings_jobstate
                 burst_flag += ["--metrics-port", "0"]
+            if in_flight > 1:
+                burst_flag += ["--in-flight", str(in_flight)]
             return [[*manage, "runjobs", "-v", "0", "--concurrency", str(workers), *burst_flag]]
         burst_flag = ["--batch"] if burst else []
         return [
@@ -247,7 +249,9 @@ def helper(env: dict[str, str], *args: str, stdin: str | None = None, timeout: f
 class Workers:
     """Worker processes of one system, each in its own process group, output to a log."""
 
-    def __init__(self, system: System, env: dict[str, str], workers: int, *, burst: bool) -> None:
+    def __init__(
+        self, system: System, env: dict[str, str], workers: int, *, burst: bool, in_flight: int = 1
+    ) -> None:
         self.system = system
         self.log = Path(tempfile.mkstemp(prefix=f"bench-{system.key}-", suffix=".log")[1])
         self.started = time.perf_counter()
@@ -262,7 +266,7 @@ class Workers:
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-                for command in system.worker_commands(workers, burst=burst)
+                for command in system.worker_commands(workers, burst=burst, in_flight=in_flight)
             ]
 
     def alive(self) -> bool:

@@ -45,7 +45,9 @@ the default), the rest `flaky` (5 attempts); 10% of them sleep 0.2-1.5 s; 2% (at
 raise errors that are hard to store (a NUL, a lone surrogate, a str() that raises) in 3
 of 4 attempts; any other attempt fails with probability --fail-rate. --seed fixes the mix
 and the schedule of faults; the result ids, and so which attempts fail, and the timing
-differ from run to run.
+differ from run to run. --in-flight N runs N attempts at once per worker process, and
+--async-fraction makes that share of the tasks `async def` twins of the same plans (with
+--in-flight, on the worker's event loop, where an overrun is cancelled at its deadline).
 
 Why each check is sound:
 - Executions of an attempt after it was already failed: an Execution row whose attempt was
@@ -135,6 +137,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=1000, help="logical tasks to enqueue")
     parser.add_argument("--supervisors", type=int, default=2, help="runjobs processes at once")
     parser.add_argument("--concurrency", type=int, default=2, help="workers per supervisor")
+    parser.add_argument(
+        "--in-flight", type=int, default=1, help="attempts at once per worker process"
+    )
+    parser.add_argument(
+        "--async-fraction",
+        type=float,
+        default=0.0,
+        help="jobs whose task is async (with --in-flight: on the worker's event loop)",
+    )
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of faults")
     parser.add_argument("--seed", type=int, help="random seed (default: random, printed)")
     parser.add_argument("--worker-kills", type=int, help="default: duration/15, at least 2")
@@ -311,7 +322,7 @@ class Torture:
         self.paused: dict[int, tuple[float, Any]] = {}  # pid -> (monotonic resume time, Pause)
         from bench.torture_check import Faults
 
-        self.faults = Faults()
+        self.faults = Faults(in_flight=options.in_flight)
         self.offset = 0.0  # database clock minus this process's clock, in seconds
         self.last_sample = 0.0
         self.last_learned = 0.0
@@ -391,6 +402,11 @@ class Torture:
                     specs.append((task, tt.SLEEP, round(rng.uniform(0.2, 1.5), 2), o.fail_rate))
                 else:
                     specs.append((task, tt.PLAIN, 0, o.fail_rate))
+        if o.async_fraction:
+            specs = [
+                (tt.ASYNC_TWINS[task], *rest) if rng.random() < o.async_fraction else (task, *rest)
+                for task, *rest in specs
+            ]
         rng.shuffle(specs)
         now = timezone.now()
         for start in range(0, len(specs), 250):
@@ -422,6 +438,8 @@ class Torture:
             "runjobs",
             "--concurrency",
             str(self.options.concurrency),
+            "--in-flight",
+            str(self.options.in_flight),
             "--worker-id",
             WORKER_ID,
             "--verbosity",

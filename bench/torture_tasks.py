@@ -6,12 +6,14 @@ in torture.py can say, for every attempt, what it should have done.
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import hashlib
 import os
 import time
 import uuid
 
+from asgiref.sync import sync_to_async
 from django.db import connection
 from django.db.models.functions import Now
 from django.tasks import TaskContext, task
@@ -145,11 +147,38 @@ def body(context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: 
     if outcome == OVERRUN:  # still alive past the deadline: the timeout was not enforced
         Execution.objects.filter(pk=execution).update(ended_at=Now())
     if outcome == FAIL:
-        error = planned_error(seed, kind, result.id, attempt)
-        if error in UGLY_ERRORS:
-            raise error(UGLY_ERRORS[error][0])
-        raise error(stored_message(error, attempt))
+        raise_planned(seed, kind, result.id, attempt)
     return attempt
+
+
+async def async_body(
+    context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: float
+) -> int:
+    """body() as an async task (runjobs --in-flight runs it on the worker's event loop):
+    it sleeps with asyncio, and an overrun is cancelled at its deadline; holding the
+    interpreter holds the loop, so only its process's end stops it."""
+    result = context.task_result
+    execution, attempt = await sync_to_async(record_start)(
+        result.id, context.attempt, result.worker_ids[-1]
+    )
+    outcome = planned(seed, kind, result.id, attempt, fail_rate)
+    first = attempt == 1
+    if kind in (GIL_OVERRUN, GIL_HOLD) and first:
+        hold_the_interpreter(seconds)
+    elif kind == SLEEP or outcome == OVERRUN:
+        await asyncio.sleep(seconds)
+    if outcome == OVERRUN:
+        await Execution.objects.filter(pk=execution).aupdate(ended_at=Now())
+    if outcome == FAIL:
+        raise_planned(seed, kind, result.id, attempt)
+    return attempt
+
+
+def raise_planned(seed: int, kind: str, result_id: str, attempt: int) -> None:
+    error = planned_error(seed, kind, result_id, attempt)
+    if error in UGLY_ERRORS:
+        raise error(UGLY_ERRORS[error][0])
+    raise error(stored_message(error, attempt))
 
 
 @task(takes_context=True, max_attempts=5, backoff=0.2)
@@ -169,3 +198,30 @@ def overrun(context: TaskContext, seed: int, kind: str, seconds: float, fail_rat
     """The first attempt runs (or holds the interpreter) past its timeout; the later ones
     are plain."""
     return body(context, seed, kind, seconds, fail_rate)
+
+
+# Their async twins (--async-fraction), the same plans.
+
+
+@task(takes_context=True, max_attempts=5, backoff=0.2)
+async def flaky_async(
+    context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: float
+) -> int:
+    return await async_body(context, seed, kind, seconds, fail_rate)
+
+
+@task(takes_context=True)
+async def once_async(
+    context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: float
+) -> int:
+    return await async_body(context, seed, kind, seconds, fail_rate)
+
+
+@task(takes_context=True, max_attempts=3, backoff=0.2, timeout=OVERRUN_TIMEOUT)
+async def overrun_async(
+    context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: float
+) -> int:
+    return await async_body(context, seed, kind, seconds, fail_rate)
+
+
+ASYNC_TWINS = {flaky: flaky_async, once: once_async, overrun: overrun_async}
