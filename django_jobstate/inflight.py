@@ -28,11 +28,12 @@ from typing import TYPE_CHECKING, Any
 from django.db import close_old_connections
 from django.tasks import Task, TaskResult
 
+from .attempts import Outcome
 from .exceptions import JobCancelled, JobTimeout
 from .logs import job_fields
 from .models import Job
 from .payload import encode_payload
-from .worker import FLUSH_AFTER, Outcome
+from .worker import FLUSH_AFTER
 
 if TYPE_CHECKING:
     from .wakeup import Waiter
@@ -66,7 +67,7 @@ class InFlight:
     def submit(self, job: Job, task: Task, result: TaskResult, index: int) -> None:
         """Run a started attempt's body beside the others."""
         self.running[index] = job
-        if self.worker._on_loop(task):
+        if self.worker.on_loop(task):
             asyncio.run_coroutine_threadsafe(
                 self._run_async(job, task, result, index), self._event_loop()
             )
@@ -102,7 +103,7 @@ class InFlight:
 
     def _run_sync(self, job: Job, task: Task, result: TaskResult, index: int) -> None:
         try:
-            outcome = self.worker._body(job, task, result, index)
+            outcome = self.worker.body(job, task, result, index)
         finally:
             close_old_connections()  # this thread's, as the worker loop does its own
         self._done.put((index, outcome))
@@ -113,7 +114,7 @@ class InFlight:
         started = time.monotonic()
         try:
             body = asyncio.ensure_future(
-                task.func(*worker._arguments(job, task, result, index), *job.args, **job.kwargs)
+                task.func(*worker.arguments(job, task, result, index), *job.args, **job.kwargs)
             )
             self._tasks[index] = body
             value = encode_payload(await body, "The task's return value")[0]
@@ -127,7 +128,7 @@ class InFlight:
         finally:
             worker.ledger.finish(index)
             self._tasks.pop(index, None)
-        self._done.put((index, worker._judge(outcome, span)))
+        self._done.put((index, worker.judge(outcome, span)))
 
     def _stop_error(self, job: Job, index: int, started: float) -> BaseException:
         if index not in self._stopped:  # not ours: a task that cancelled itself
@@ -166,11 +167,11 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
             claiming = not (worker.stopping or worker.reached_max_jobs or worker.orphaned())
             wanted = min(pool.free, worker.claim_limit(in_flight=len(pool.running)))
             if claiming and look and wanted > 0:
-                jobs = worker._claim(wanted)
+                jobs = worker.claim(wanted)
                 last_look = time.monotonic()
                 look = len(jobs) == wanted  # a full claim: more may wait
                 for job, index in zip(jobs, worker.ledger.hold([j.pk for j in jobs]), strict=True):
-                    begun = worker._begin(job, index)
+                    begun = worker.begin(job, index)
                     if isinstance(begun, tuple):
                         pool.submit(job, *begun, index)
                     elif begun is not None:
@@ -187,14 +188,14 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                 if jobs:
                     continue
             if not pool.running and not done:
-                if not claiming or (worker.burst and not look and not worker._due_soon()):
+                if not claiming or (worker.burst and not look and not worker.due_soon()):
                     break
                 if not look:
                     waiter.wait(worker.poll_interval)
                     look = True
                 continue
             for index, outcome in pool.take(SLICE if pool.running else 0):
-                worker._learn(outcome)
+                worker.learn(outcome)
                 worker.jobs_done += 1
                 done.append(outcome)
                 places.append(index)
@@ -204,13 +205,13 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                 or time.monotonic() - done[0].finished > FLUSH_AFTER
                 or done[-1].error
             ):
-                worker._record(done)
+                worker.record(done)
                 worker.ledger.free(places)
                 done, places = [], []
             if not look and (waiter.heard() or time.monotonic() - last_look > worker.poll_interval):
                 look = True
     finally:
         if done:
-            worker._record(done)
+            worker.record(done)
             worker.ledger.free(places)
         pool.close()

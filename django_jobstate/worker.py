@@ -5,12 +5,13 @@ heartbeats for it and stops an attempt past its timeout by ending the whole proc
 whatever the task is doing: the worker writes what it holds and starts to a ledger in
 shared memory (ledger.py) that the supervisor reads. Run in-process, a worker has a
 watchdog thread (watchdog.py) instead.
+
+This module is the loop and the claim; running an attempt is attempts.py, writing its
+outcome recording.py, and with --in-flight the loop is inflight.py's.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import logging
 import multiprocessing
 import os
@@ -18,37 +19,27 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.db import (
     DatabaseError,
-    InterfaceError,
-    OperationalError,
     close_old_connections,
     connections,
     router,
-    transaction,
 )
 from django.db.models.functions import Now
-from django.tasks import Task, TaskResult
-from django.tasks.exceptions import InvalidTask
-from django.tasks.signals import task_finished, task_started
-from django.utils import timezone
+from django.tasks import Task
 
 from . import metrics
-from .backend import JobStateBackend, load_task, to_task_result
+from .attempts import AttemptRunner, Outcome
 from .conf import get_settings
-from .context import JobStateContext
-from .exceptions import JobCancelled, JobTimeout, LostRace
 from .ledger import Ledger, ledger_size
 from .logs import job_fields
-from .managers import ClaimKey, claim_key, describe_error
+from .managers import ClaimKey, claim_key
 from .models import Job, JobQueue
-from .payload import encode_payload
-from .states import FailureReason, State
+from .recording import OutcomeWriter
 from .wakeup import Waiter
 from .watchdog import Watchdog
 
@@ -77,29 +68,9 @@ MAX_BATCH = 100
 RESCAN_AFTER = 1.0
 # A --burst run exits once no job is runnable and none is due within this many seconds.
 BURST_HORIZON = 10.0
-# With --in-flight, how long past its deadline an async task, which the worker cancels
-# itself, may take to end before the supervisor stops the whole process (inflight.py).
-ASYNC_GRACE = 1.0
 
 
-def is_async(task: Task) -> bool:
-    """Whether `task` can run on an event loop: a coroutine function, and not atomic (an
-    atomic body runs in a transaction, which is synchronous)."""
-    return inspect.iscoroutinefunction(task.func) and not getattr(task, "atomic", False)
-
-
-@dataclass
-class Outcome:
-    job: Job
-    started: float  # monotonic
-    finished: float
-    value: object = None
-    error: BaseException | None = None
-    reason: FailureReason = FailureReason.ERROR
-    written: bool = False  # an atomic task's success, written with its body's writes
-
-
-class Worker:
+class Worker(AttemptRunner, OutcomeWriter):
     """Runs jobs in this process until stopped, or until --burst/--max-jobs says so.
 
     Under a supervisor, `ledger` is shared with it and `parent` is its pid (the worker
@@ -148,7 +119,7 @@ class Worker:
             from . import tracing
 
             self.tracing = tracing
-        self._waiter: Waiter | None = None  # run()'s, for _claim() to hear of jobs ahead
+        self._waiter: Waiter | None = None  # run()'s, for claim() to hear of jobs ahead
         self._queue_names: list[str] = []  # serving all queues: those seen with jobs
 
     def stop(self) -> None:
@@ -185,10 +156,10 @@ class Worker:
             while self.in_flight == 1 and not self.stopping and not self.reached_max_jobs:
                 if self.orphaned():
                     break
-                jobs = self._claim()
+                jobs = self.claim()
                 if jobs:
                     self._run_batch(jobs)
-                elif self.burst and not self._due_soon():
+                elif self.burst and not self.due_soon():
                     break
                 else:
                     waiter.wait(self.poll_interval)
@@ -221,7 +192,7 @@ class Worker:
             self._stopping.set()
         return True
 
-    def _due_soon(self) -> bool:
+    def due_soon(self) -> bool:
         """Whether a queued job (say, a retry waiting for its backoff) is due within
         BURST_HORIZON seconds, not in a paused queue: a --burst run waits for it instead
         of exiting."""
@@ -248,7 +219,7 @@ class Worker:
             size = min(size, self.max_jobs - self.jobs_done - in_flight)
         return size
 
-    def _claim(self, limit: int | None = None) -> list[Job]:
+    def claim(self, limit: int | None = None) -> list[Job]:
         limit = self.claim_limit() if limit is None else limit
         connection = connections[self.db]
         if not connection.in_atomic_block:  # a long-lived worker drops broken connections
@@ -324,14 +295,14 @@ class Worker:
                 # heartbeats stop too): start only the attempts that are still its own.
                 checked, mine = time.monotonic(), self._still_mine(jobs[index:])
             if job.pk not in mine:
-                self._lost_race(
+                self.lost_race(
                     job,
                     "it was failed meanwhile (handed back by the supervisor, or "
                     "taken for lost while this worker was not heard from)",
                 )
                 continue
             if job.timeout is not None:
-                self._record(done)  # a timeout ends the process: write what we know first
+                self.record(done)  # a timeout ends the process: write what we know first
                 done = []
             if (outcome := self._execute(job, index)) is None:
                 logger.info(
@@ -344,253 +315,17 @@ class Worker:
             done.append(outcome)
             self.jobs_done += 1
             if time.monotonic() - done[0].finished > FLUSH_AFTER or done[-1].error:
-                self._record(done)
+                self.record(done)
                 done = []
-        self._record(done)
+        self.record(done)
 
     def _still_mine(self, jobs: list[Job]) -> set[int]:
         mine = Job.objects.running().filter(worker_id=self.worker_id, pk__in=[j.pk for j in jobs])
-        return set(self._retrying(lambda: set(mine.values_list("pk", flat=True))))
+        return set(self.retrying(lambda: set(mine.values_list("pk", flat=True))))
 
     def run_attempt(self, job: Job) -> None:
         """Run one claimed attempt and record its outcome, fenced by state and worker."""
         self.ledger.hold([job.pk])
         outcome = self._execute(job, 0)
         assert outcome is not None  # nobody shares this ledger
-        self._record([outcome])
-
-    def _execute(self, job: Job, index: int) -> Outcome | None:
-        """Run the attempt at `index` of the held batch and return its outcome, or None if
-        the supervisor handed it back before it started."""
-        begun = self._begin(job, index)
-        if not isinstance(begun, tuple):
-            return begun
-        outcome = self._body(job, *begun, index)
-        self._learn(outcome)
-        return outcome
-
-    def _begin(self, job: Job, index: int) -> tuple[Task, TaskResult] | Outcome | None:
-        """Start the attempt at `index`: its task and result to run the body with, or its
-        outcome if it must not run, or None if the supervisor handed it back."""
-        try:
-            # The database is read here, before the body begins: an outage now is not the
-            # task's error. Wait for the database; the attempt is still in hand.
-            try:
-                task, result = self._prepare(job)
-            except (OperationalError, InterfaceError):
-                task, result = self._retrying(functools.partial(self._prepare, job))
-        except Exception as exc:  # not a task, or a row that cannot run: nothing ran
-            return Outcome(job, time.monotonic(), time.monotonic(), error=exc)
-        if self.ledger.cancel_requested(index):  # cancelled while held: never begin it
-            cancelled = JobCancelled("it was cancelled before it started")
-            return Outcome(job, time.monotonic(), time.monotonic(), error=cancelled)
-        grace = ASYNC_GRACE if self._on_loop(task) else 0.0
-        if not self.ledger.start(index, job.timeout, grace):  # the deadline starts now
-            return None
-        return task, result
-
-    def _on_loop(self, task: Task) -> bool:
-        """Whether the attempt runs on the in-flight event loop (inflight.py)."""
-        return self.in_flight > 1 and is_async(task)
-
-    def _body(self, job: Job, task: Task, result: TaskResult, index: int) -> Outcome:
-        """Run the body of a started attempt (in this thread) and return its outcome."""
-        span = self.tracing.Attempt(job) if self.tracing else None
-        started = time.monotonic()
-        try:
-            value, written = self._call(job, task, result, index)
-        except (Exception, SystemExit, KeyboardInterrupt) as exc:
-            outcome = Outcome(job, started, time.monotonic(), error=exc)
-        else:
-            outcome = Outcome(job, started, time.monotonic(), value=value, written=written)
-        finally:
-            self.ledger.finish(index)
-        return self._judge(outcome, span)
-
-    def _judge(self, outcome: Outcome, span: Any) -> Outcome:
-        """An outcome that came after the attempt's deadline is a timeout."""
-        job, duration = outcome.job, outcome.finished - outcome.started
-        if job.timeout is not None and duration > job.timeout and not outcome.written:
-            # Returned (or raised) after its deadline, before it was stopped: a late
-            # supervisor, or the whole process group was frozen. Late is a timeout either way.
-            outcome.value, outcome.reason = None, FailureReason.TIMEOUT
-            outcome.error = JobTimeout(
-                f"the attempt ran past its timeout of {job.timeout:g} seconds ({duration:.1f} s)"
-            )
-        if span:
-            span.finish(outcome.error, outcome.reason)
-        return outcome
-
-    def _learn(self, outcome: Outcome) -> None:
-        """Keep the average duration that sizes the next claim."""
-        duration = outcome.finished - outcome.started
-        self._average_duration = (
-            duration
-            if self._average_duration is None
-            else 0.8 * self._average_duration + 0.2 * duration
-        )
-
-    def _prepare(self, job: Job) -> tuple[Task, TaskResult]:
-        task = self._load_task(job.task_path)  # a path that is not a Task fails: nothing runs
-        if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
-            raise InvalidTask(  # a row written behind the app's back: never guess
-                f"Job {job.pk} has args {type(job.args).__name__} and kwargs "
-                f"{type(job.kwargs).__name__}; they must be a JSON array and a JSON object."
-            )
-        return task, to_task_result([*self._previous_attempts(job), job], task)
-
-    def _call(self, job: Job, task: Task, result: TaskResult, index: int) -> tuple[object, bool]:
-        """Run the body; return its value, and whether its success is already written.
-
-        An atomic task's body runs in a transaction that also writes its success, fenced
-        like every outcome: if the attempt is no longer this worker's (rescued as lost,
-        timed out), LostRace rolls back the body's writes with it.
-        """
-        args = self._arguments(job, task, result, index)
-        if not getattr(task, "atomic", False):
-            value = task.call(*args, *job.args, **job.kwargs)
-            return encode_payload(value, "The task's return value")[0], False
-        with transaction.atomic(using=self.db):
-            value = task.call(*args, *job.args, **job.kwargs)
-            value = encode_payload(value, "The task's return value")[0]
-            Job.objects.succeed(job, value)
-        return value, True
-
-    def _arguments(
-        self, job: Job, task: Task, result: TaskResult, index: int
-    ) -> tuple[object, ...]:
-        """Send task_started; the arguments the body takes before the job's own."""
-        task_started.send(JobStateBackend, task_result=result)
-        if not task.takes_context:
-            return ()
-        flag = functools.partial(self.ledger.cancel_requested, index)
-        return (
-            JobStateContext(task_result=result, metadata=job.metadata, _job=job, cancel_flag=flag),
-        )
-
-    def _load_task(self, path: str) -> Task:
-        if path not in self._tasks:
-            self._tasks[path] = load_task(path)
-        return self._tasks[path]
-
-    def _previous_attempts(self, job: Job) -> list[Job]:
-        if job.attempt == 1:
-            return []
-        return list(Job.objects.attempts_of(job.result_id).filter(attempt__lt=job.attempt))
-
-    def _record(self, outcomes: list[Outcome]) -> None:
-        """Write outcomes, fenced: successes in one statement, failures one by one."""
-        for outcome in outcomes:
-            if outcome.written:
-                self._finished(outcome)
-        successes = [o for o in outcomes if o.error is None and not o.written]
-        if successes:
-            pairs = [(o.job, o.value) for o in successes]
-            written = self._retrying(lambda: Job.objects.succeed_many(self.worker_id, pairs))
-            for outcome in successes:
-                if outcome.job.pk in written:
-                    outcome.job.state = State.SUCCEEDED
-                    outcome.job.return_value = outcome.value
-                    outcome.job.finished_at = timezone.now()
-                    self._finished(outcome)
-                else:
-                    self._lost_race(
-                        outcome.job,
-                        f"it was no longer running for worker {self.worker_id} when moving it "
-                        f"to succeeded: another writer got there first. Nothing was changed.",
-                    )
-        for outcome in outcomes:
-            if outcome.error is not None:
-                try:
-                    self._retrying(functools.partial(self._fail, outcome))
-                except LostRace as exc:
-                    self._lost_race(outcome.job, str(exc))
-                else:
-                    self._finished(outcome)
-
-    def _fail(self, outcome: Outcome) -> None:
-        assert outcome.error is not None
-        Job.objects.fail(outcome.job, outcome.reason, **describe_error(outcome.error))
-
-    def _retrying(self, write: Callable[[], T]) -> T:
-        """Run an outcome write until the database takes it: the outcome is known."""
-        delay = 0.5
-        while True:
-            try:
-                return write()
-            except (OperationalError, InterfaceError):
-                logger.warning(
-                    "Worker %s: database unavailable; retrying the write in %.1fs",
-                    self.worker_id,
-                    delay,
-                    exc_info=True,
-                    extra={"event": "database.unavailable", "worker_id": self.worker_id},
-                )
-                connections[self.db].close()
-                time.sleep(delay)
-                delay = min(delay * 2, 5.0)
-
-    def _lost_race(self, job: Job, why: str) -> None:
-        logger.warning(
-            "Worker %s: outcome of job %s discarded: %s",
-            self.worker_id,
-            job.pk,
-            why,
-            extra=job_fields(job, "job.outcome_discarded"),
-        )
-        if metrics.recorder is not None:
-            metrics.recorder.discarded(job)
-
-    def _finished(self, outcome: Outcome) -> None:
-        """Log a recorded outcome and send task_finished (inside an exception handler for a
-        failure, as Django's backends do, so that its log line carries the traceback)."""
-        job, error, took = outcome.job, outcome.error, outcome.finished - outcome.started
-        what = (job.pk, job.task_path, job.attempt, job.max_attempts)
-        if metrics.recorder is not None:
-            metrics.recorder.finished(job, took)
-        if error is None:
-            if logger.isEnabledFor(logging.INFO):
-                logger.info(
-                    "Job %s %s attempt %d/%d succeeded in %.3fs",
-                    *what,
-                    took,
-                    extra=job_fields(job, "job.succeeded", duration_ms=round(took * 1000, 3)),
-                )
-        else:
-            described = describe_error(error)
-            reason = job.failure_reason or outcome.reason
-            logger.warning(
-                "Job %s %s attempt %d/%d failed (%s) in %.3fs: %s: %s",
-                *what,
-                reason,
-                took,
-                described["error_class"],
-                described["error_message"],
-                exc_info=error,
-                extra=job_fields(
-                    job,
-                    "job.failed",
-                    duration_ms=round(took * 1000, 3),
-                    failure_reason=str(reason),
-                    error_class=described["error_class"],
-                ),
-            )
-        try:
-            result = to_task_result(
-                [*self._previous_attempts(job), job], self._load_task(job.task_path)
-            )
-        except Exception:  # e.g. the task is gone, or the row cannot be a TaskResult
-            logger.warning(
-                "Job %s: no task_finished signal",
-                job.pk,
-                exc_info=True,
-                extra=job_fields(job, "job.no_signal"),
-            )
-            return
-        if error is None:
-            task_finished.send(JobStateBackend, task_result=result)
-            return
-        try:
-            raise error
-        except BaseException:
-            task_finished.send(JobStateBackend, task_result=result)
+        self.record([outcome])

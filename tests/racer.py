@@ -29,7 +29,7 @@ def main() -> None:
     if action == "claim":
         worker_id, limit = args[0], int(args[1])
         won: list[int] = []
-        key = None  # like Worker._claim(): from the previous full batch's first key
+        key = None  # like Worker.claim(): from the previous full batch's first key
         while batch := Job.objects.claim(worker_id, limit=limit, from_key=key) or (
             key and Job.objects.claim(worker_id, limit=limit)
         ):

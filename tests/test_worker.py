@@ -307,19 +307,19 @@ def test_while_draining_a_backlog_a_worker_claims_from_its_last_batch(monkeypatc
     monkeypatch.setattr("django_jobstate.worker.RESCAN_AFTER", 3600)
     old = [job(f"old{n}") for n in range(3)]
     worker = Worker(worker_id="w")  # its first batches take one job each
-    assert worker._claim() == old[:1]
+    assert worker.claim() == old[:1]
     urgent = job("urgent", priority=10)
-    assert worker._claim() == old[1:2], "claimed from the head, not from its key"
-    assert worker._claim() == old[2:3]
-    assert worker._claim() == [urgent], "nothing after its key, yet it did not look at the head"
+    assert worker.claim() == old[1:2], "claimed from the head, not from its key"
+    assert worker.claim() == old[2:3]
+    assert worker.claim() == [urgent], "nothing after its key, yet it did not look at the head"
 
     monkeypatch.setattr("django_jobstate.worker.RESCAN_AFTER", 0)
     later = job("later")
     worker = Worker(worker_id="w2")
-    assert worker._claim() == [later]
+    assert worker.claim() == [later]
     urgent = job("urgent", priority=10)
     job("last")
-    assert worker._claim() == [urgent], "not claimed from the head after RESCAN_AFTER"
+    assert worker.claim() == [urgent], "not claimed from the head after RESCAN_AFTER"
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
@@ -331,10 +331,10 @@ def test_a_draining_worker_claims_a_job_that_sorts_before_its_key_at_once(monkey
     worker._waiter = Waiter(threading.Event(), queues=None)
     worker._waiter.start()
     try:
-        assert [j.args for j in worker._claim()] == [["old0"]]
+        assert [j.args for j in worker.claim()] == [["old0"]]
         tasks.record.using(priority=10).enqueue("urgent")  # wakes listeners at its commit
         time.sleep(0.2)
-        assert [j.args for j in worker._claim()] == [["urgent"]], "it waited for the rescan"
+        assert [j.args for j in worker.claim()] == [["urgent"]], "it waited for the rescan"
     finally:
         worker._waiter.close()
 
