@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.tasks import TaskContext
 
 from .exceptions import JobCancelled
@@ -41,6 +42,10 @@ class JobStateContext(TaskContext):  # type: ignore[misc]  # frozen at runtime, 
         from .models import Job
 
         Job.objects.save_metadata(self._job, self.metadata)
+
+    async def asave_metadata(self) -> None:
+        """save_metadata() for an `async def` task."""
+        await sync_to_async(self.save_metadata)()
 
     @property
     def cancel_requested(self) -> bool:

@@ -441,3 +441,12 @@ async def async_never_returns(label: str) -> None:
     """Ignores cancel requests: only the worker's cancellation at the grace stops it."""
     await Execution.objects.acreate(label=f"{label}:started")
     await asyncio.sleep(3600)
+
+
+@task(takes_context=True)
+async def async_reports_progress(context: JobStateContext, steps: int) -> int:
+    for step in range(1, steps + 1):
+        context.metadata["done"] = step
+        await context.asave_metadata()
+        await asyncio.sleep(0.01)
+    return steps

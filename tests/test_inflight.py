@@ -130,3 +130,11 @@ def test_a_stop_finishes_every_attempt_in_flight(runjobs):
     assert Job.objects.count() == 12
     each_ran_once("a", 6)
     each_ran_once("s", 6)
+
+
+def test_an_async_task_saves_its_progress_from_the_event_loop(runjobs):
+    result = tasks.async_reports_progress.enqueue(3)
+    done = runjobs.run("--in-flight", "4", "--burst")
+    assert done.returncode == 0, done.stdout
+    assert backend().get_result(result.id).status == TaskResultStatus.SUCCESSFUL, done.stdout
+    assert Job.objects.get(result_id=result.id).metadata == {"done": 3}
