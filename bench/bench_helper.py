@@ -161,25 +161,35 @@ def urgent(rows: Any, rate: str, seconds: str, wait: str) -> dict[str, Any]:
 def enqueue_txn(rows: Any, n: str) -> dict[str, Any]:
     """A single enqueue inside the caller's transaction, the way Django code enqueues
     (in a view under ATOMIC_REQUESTS, a service function in `atomic()`): the time of the
-    `enqueue()` call alone, the caller's COMMIT (its own, shared with its other writes)
-    untimed. Against it: one enqueue in autocommit, timed with its own COMMIT."""
-    from django.db import transaction
+    `enqueue()` call alone, once the transaction has begun (the caller's first statement,
+    untimed: the driver sends BEGIN with it, and the caller pays it with or without an
+    enqueue); its COMMIT (the caller's own, shared with its other writes) untimed too.
+    Against it: one enqueue in autocommit, timed with its own COMMIT. Also: the enqueue as
+    the transaction's first statement, BEGIN included."""
+    from django.db import connection, transaction
 
     count, task = int(n), rows.noop
-    inside = own = 0.0
+    inside = first = own = 0.0
     for _ in range(count):
         with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT 1")  # the caller's own work began the transaction
             t0 = time.perf_counter()
             task.enqueue()
             inside += time.perf_counter() - t0
+        with transaction.atomic():
+            t0 = time.perf_counter()
+            task.enqueue()
+            first += time.perf_counter() - t0
         t0 = time.perf_counter()
         task.enqueue()
         own += time.perf_counter() - t0
-    if rows.jobs().count() != 2 * count:
-        raise RuntimeError(f"{rows.jobs().count()} rows for {2 * count} enqueues")
+    if rows.jobs().count() != 3 * count:
+        raise RuntimeError(f"{rows.jobs().count()} rows for {3 * count} enqueues")
     return {
         "n": count,
         "in_transaction_us": inside / count * 1e6,
+        "first_in_transaction_us": first / count * 1e6,
         "own_commit_us": own / count * 1e6,
         "ratio": inside / own,
     }
