@@ -66,13 +66,21 @@ class Runjobs:
     def stop(self, proc: subprocess.Popen[bytes], signum: int = signal.SIGTERM) -> str:
         """Signal `proc`, wait for it to exit, and return its output."""
         proc.send_signal(signum)
-        proc.wait(timeout=30)
+        self.wait(proc, 30)
         return self.output(proc)
 
     def run(self, *args: str, timeout: float = 60, **env: str) -> subprocess.CompletedProcess[str]:
         proc = self.start(*args, **env)
-        proc.wait(timeout=timeout)
+        self.wait(proc, timeout)
         return subprocess.CompletedProcess(proc.args, proc.returncode, self.output(proc), None)
+
+    def wait(self, proc: subprocess.Popen[bytes], timeout: float) -> None:
+        """Wait for `proc` to exit; if it does not, fail with the end of its output."""
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            tail = self.output(proc)[-6000:]
+            pytest.fail(f"runjobs did not exit within {timeout:g} s; its output ends:\n{tail}")
 
     def cleanup(self) -> None:
         for proc in self.procs:
