@@ -174,7 +174,8 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                     begun = worker.begin(job, index)
                     if isinstance(begun, tuple):
                         pool.submit(job, *begun, index)
-                    elif begun is not None:
+                    elif begun is not None:  # not to be run: its outcome is known
+                        worker.jobs_done += 1
                         done.append(begun)
                         places.append(index)
                     else:
@@ -200,10 +201,12 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                 done.append(outcome)
                 places.append(index)
             pool.stop_due()
+            # Outcomes not yet written keep their places in the ledger: at most a batch.
             if done and (
                 not pool.running
                 or time.monotonic() - done[0].finished > FLUSH_AFTER
                 or done[-1].error
+                or len(done) >= worker.max_batch
             ):
                 worker.record(done)
                 worker.ledger.free(places)

@@ -10,6 +10,7 @@ from django.tasks import TaskResultStatus
 from django_jobstate.exceptions import JobCancelled, JobTimeout
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
+from django_jobstate.worker import Worker
 from tests import tasks
 from tests.models import Execution
 from tests.test_cancel import GRACE, backend, settings_env, stop_running
@@ -138,3 +139,15 @@ def test_an_async_task_saves_its_progress_from_the_event_loop(runjobs):
     assert done.returncode == 0, done.stdout
     assert backend().get_result(result.id).status == TaskResultStatus.SUCCESSFUL, done.stdout
     assert Job.objects.get(result_id=result.id).metadata == {"done": 3}
+
+
+def test_quick_jobs_through_a_small_limit_each_run_once():
+    """Outcomes wait to be written together, keeping their places in the ledger until then
+    (a batch and the attempts in flight): however many quick jobs finish meanwhile, the
+    worker writes them before they outgrow it."""
+    backend().bulk_enqueue(tasks.record, [((f"q{i}",), {}) for i in range(300)])
+    worker = Worker(in_flight=2, max_batch=4, burst=True)
+    worker.run()
+    assert worker.jobs_done == 300
+    assert Job.objects.filter(state=State.SUCCEEDED).count() == 300
+    assert Execution.objects.count() == 300
