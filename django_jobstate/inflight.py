@@ -25,6 +25,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.tasks import Task, TaskResult
 
@@ -104,15 +105,19 @@ class InFlight:
     def _run_sync(self, job: Job, task: Task, result: TaskResult, index: int) -> None:
         try:
             outcome = self.worker.body(job, task, result, index)
-        finally:
+        except BaseException as exc:  # body() returns the task's errors: this one is ours
+            self.worker.ledger.finish(index)
+            outcome = Outcome(job, time.monotonic(), time.monotonic(), error=exc)
+        try:
             close_old_connections()  # this thread's, as the worker loop does its own
-        self._done.put((index, outcome))
+        finally:
+            self._done.put((index, outcome))
 
     async def _run_async(self, job: Job, task: Task, result: TaskResult, index: int) -> None:
         worker = self.worker
-        span = worker.tracing.Attempt(job) if worker.tracing else None
-        started = time.monotonic()
+        span, started = None, time.monotonic()
         try:
+            span = worker.tracing.Attempt(job) if worker.tracing else None
             body = asyncio.ensure_future(
                 task.func(*worker.arguments(job, task, result, index), *job.args, **job.kwargs)
             )
@@ -128,7 +133,13 @@ class InFlight:
         finally:
             worker.ledger.finish(index)
             self._tasks.pop(index, None)
-        self._done.put((index, worker.judge(outcome, span)))
+        # The async ORM's queries run on one thread of their own (asgiref's): drop its
+        # connection there once broken or past CONN_MAX_AGE, as after a sync attempt, or
+        # a database restart would fail every async attempt after it.
+        try:
+            await sync_to_async(close_old_connections)()
+        finally:
+            self._done.put((index, worker.judge(outcome, span)))
 
     def _stop_error(self, job: Job, index: int, started: float) -> BaseException:
         if index not in self._stopped:  # not ours: a task that cancelled itself

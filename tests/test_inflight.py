@@ -2,9 +2,12 @@
 `runjobs` processes: each attempt runs once, deadlines and cancels stop what they can, a
 stop finishes what is in flight."""
 
+import os
 import signal
+import subprocess
 
 import pytest
+from django.db import connection, connections
 from django.tasks import TaskResultStatus
 
 from django_jobstate.exceptions import JobCancelled, JobTimeout
@@ -151,3 +154,27 @@ def test_quick_jobs_through_a_small_limit_each_run_once():
     assert worker.jobs_done == 300
     assert Job.objects.filter(state=State.SUCCEEDED).count() == 300
     assert Execution.objects.count() == 300
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql" or "JOBSTATE_PG_CTL" not in os.environ,
+    reason="needs the throwaway PostgreSQL of scripts/test, which it restarts",
+)
+def test_async_and_sync_attempts_reconnect_after_a_postgresql_restart(runjobs):
+    """The connections of the worker's threads (and of the one the event loop's ORM calls
+    run on) died with the server: the attempts after the restart open new ones."""
+    worker = runjobs.start("--in-flight", "4")
+    before = [tasks.async_waits.enqueue(f"b{i}", 0.01) for i in range(4)]
+    before += [tasks.sync_waits.enqueue(f"c{i}", 0.01) for i in range(4)]
+    wait_for(lambda: all(backend().get_result(r.id).is_finished for r in before))
+
+    subprocess.run([os.environ["JOBSTATE_PG_CTL"], "restart", "-m", "fast", "-w"], check=True)
+    connections.close_all()  # this test's own connection died with the server
+
+    # A dead connection would fail every attempt of these (three each).
+    after = [tasks.async_waits.enqueue(f"a{i}", 0.01) for i in range(6)]
+    after += [tasks.sync_waits.enqueue(f"s{i}", 0.01) for i in range(6)]
+    wait_for(lambda: all(backend().get_result(r.id).is_finished for r in after), timeout=60)
+    out = runjobs.stop(worker)
+    for result in after:
+        assert backend().get_result(result.id).status == TaskResultStatus.SUCCESSFUL, out
