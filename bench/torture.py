@@ -45,7 +45,8 @@ the default), the rest `flaky` (5 attempts); 10% of them sleep 0.2-1.5 s; 2% (at
 raise errors that are hard to store (a NUL, a lone surrogate, a str() that raises) in 3
 of 4 attempts; any other attempt fails with probability --fail-rate. --seed fixes the mix
 and the schedule of faults; the result ids, and so which attempts fail, and the timing
-differ from run to run. --in-flight N runs N attempts at once per worker process, and
+differ from run to run. --in-flight N runs N attempts at once per worker process (in
+every other supervisor only, with --in-flight-alternate), and
 --async-fraction makes that share of the tasks `async def` twins of the same plans (with
 --in-flight, on the worker's event loop, where an overrun is cancelled at its deadline).
 
@@ -141,6 +142,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--in-flight", type=int, default=1, help="attempts at once per worker process"
     )
     parser.add_argument(
+        "--in-flight-alternate",
+        action="store_true",
+        help="every other supervisor runs one attempt at a time (both modes in one run)",
+    )
+    parser.add_argument(
         "--async-fraction",
         type=float,
         default=0.0,
@@ -225,6 +231,7 @@ class Supervisor:
     host: str = ""  # the network namespace it runs in, if not this host's
     killed: bool = False
     base: str | None = None  # its worker ids' prefix (--worker-id plus a random part)
+    in_flight: int = 1  # its --in-flight
 
     @property
     def pid(self) -> int:
@@ -322,7 +329,7 @@ class Torture:
         self.paused: dict[int, tuple[float, Any]] = {}  # pid -> (monotonic resume time, Pause)
         from bench.torture_check import Faults
 
-        self.faults = Faults(in_flight=options.in_flight)
+        self.faults = Faults()
         self.offset = 0.0  # database clock minus this process's clock, in seconds
         self.last_sample = 0.0
         self.last_learned = 0.0
@@ -432,6 +439,10 @@ class Torture:
             clock = str(ROOT / "tests" / "clock_skew")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [clock, env.get("PYTHONPATH")]))
             env["JOBSTATE_TEST_CLOCK_SKEW"] = str(skew)
+        # With --in-flight-alternate, every other supervisor runs one attempt at a time.
+        in_flight = self.options.in_flight
+        if self.options.in_flight_alternate and index % 2 == 0:
+            in_flight = 1
         command = [
             sys.executable,
             str(ROOT / "manage.py"),
@@ -439,7 +450,7 @@ class Torture:
             "--concurrency",
             str(self.options.concurrency),
             "--in-flight",
-            str(self.options.in_flight),
+            str(in_flight),
             "--worker-id",
             WORKER_ID,
             "--verbosity",
@@ -457,7 +468,7 @@ class Torture:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-        supervisor = Supervisor(index, proc, log, skew, host)
+        supervisor = Supervisor(index, proc, log, skew, host, in_flight=in_flight)
         self.supervisors.append(supervisor)
         return supervisor
 
@@ -502,6 +513,8 @@ class Torture:
             if supervisor.base is None:
                 supervisor.base = base
                 self.faults.supervisors[base] = (supervisor.index, supervisor.skew, supervisor.host)
+                if supervisor.in_flight > 1:
+                    self.faults.in_flight.add(base)
             elif supervisor.base != base:
                 self.faults.id_clashes.add(f"s{supervisor.index}: {supervisor.base} and {base}")
         bases = [s.base for s in self.supervisors if s.base is not None]

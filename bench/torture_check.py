@@ -107,7 +107,7 @@ class Faults:
     samples: int = 0  # live-attempt samples taken during the run
     multi_live: set[str] = field(default_factory=set)  # result ids seen with 2+ live attempts
     supervisors_died: int = 0  # supervisors that exited without being killed
-    in_flight: int = 1  # runjobs --in-flight
+    in_flight: set[str] = field(default_factory=set)  # worker-id prefixes run --in-flight
 
 
 @dataclass
@@ -369,7 +369,7 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
         # or an async task holding the loop) is stopped at its deadline with the
         # attempts running beside it: lost, as documented, not taken for lost.
         stopped_by = STOPPED_AT.search(j["error_message"] or "")
-        if faults.in_flight > 1 and stopped_by:
+        if stopped_by and base in faults.in_flight:
             overrun = by_pk.get(int(stopped_by[1]))
             if (
                 overrun is not None

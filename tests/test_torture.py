@@ -6,8 +6,9 @@ workers are SIGKILLed, whole supervisors killed, workers SIGSTOPped and resumed,
 database taken away for longer than the lost-after window (and on PostgreSQL the server
 restarted once), tasks that hold the interpreter, raise unstorable errors, and all have
 a timeout; on PostgreSQL, supervisors with their clocks an hour off and, as root, one on
-a worker host of its own whose link is cut past the window. Every must-be-zero figure of
-its report must be zero.
+a worker host of its own whose link is cut past the window; one of the two supervisors
+runs several attempts at once (--in-flight), a third of the tasks async. Every
+must-be-zero figure of its report must be zero.
 
 Below it, what torture runs found, each reproduced on purpose: a strict xfail while it is
 a bug, a plain test once fixed.
@@ -91,6 +92,12 @@ def test_torture_run_loses_nothing_and_runs_nothing_twice(tmp_path, reconnect_af
         "1",
         "--outages",
         "1",
+        # One supervisor of two runs several attempts at once, a third of them async.
+        "--in-flight",
+        "4",
+        "--in-flight-alternate",
+        "--async-fraction",
+        "0.3",
     )
 
     figures = {key: figure["value"] for key, figure in report["figures"].items()}
