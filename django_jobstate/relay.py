@@ -57,6 +57,7 @@ class Relay(threading.Thread):
         self.using = router.db_for_write(Job)
         self.enabled = connections[self.using].vendor == "postgresql"  # else: no NOTIFY
         self.dropped = 0  # payloads a full pipe refused
+        self.listening = threading.Event()  # connected and listening
         self._pipes: dict[str, Connection] = {}  # {worker_id: write end}
         self._lock = threading.Lock()  # a pipe is closed only while no write is under way
         self._done = threading.Event()
@@ -91,6 +92,7 @@ class Relay(threading.Thread):
                 try:
                     if listener is None:
                         listener = listen(self.using, CHANNEL, CANCEL_CHANNEL)
+                        self.listening.set()
                         if lost:
                             lost = False
                             logger.info(
@@ -110,6 +112,7 @@ class Relay(threading.Thread):
                             extra={"event": "wakeup.lost"},
                         )
                     lost = True
+                    self.listening.clear()
                     _close(listener)
                     listener = None
                     self._done.wait(RECONNECT_DELAY)
