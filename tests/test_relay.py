@@ -70,7 +70,8 @@ def test_a_worker_that_ended_gets_nothing_and_the_others_still_do(relay):
     relay.remove("gone")
     tasks.record.enqueue("after")
     wait_for(lambda: alive.receive(0.1) == ["default 0"], what="the payload")
-    assert gone.receive(0.2) == [] and gone.closed
+    assert gone.receive(0.2) == []
+    assert gone.closed
 
 
 def test_a_full_pipe_drops_wake_ups_and_never_blocks_the_relay(relay):
@@ -89,7 +90,8 @@ def test_a_full_pipe_drops_wake_ups_and_never_blocks_the_relay(relay):
     # Whole payloads, in order, up to the first that did not fit (and then, maybe, the
     # short one of the next job, if the room left took it).
     flooded = [payload for payload in busy.receive(0) if payload != "default 0"]
-    assert 0 < len(flooded) < len(flood) and flooded == flood[: len(flooded)]
+    assert 0 < len(flooded) < len(flood)
+    assert flooded == flood[: len(flooded)]
     tasks.record.enqueue("once read")
     wait_for(lambda: "default 0" in busy.receive(0.1), what="the busy worker's next payload")
 
@@ -108,7 +110,8 @@ def test_a_killed_listen_connection_comes_back_and_wakes_every_worker(relay, cap
     tasks.record.enqueue("after the outage")
     wait_for(lambda: "default 0" in inbox.receive(0.1), what="the next payload")
     events = [getattr(r, "event", None) for r in caplog.records]
-    assert "wakeup.lost" in events and "wakeup.restored" in events
+    assert "wakeup.lost" in events
+    assert "wakeup.restored" in events
 
 
 def test_payloads_go_in_whole_chunks_that_a_pipe_takes_or_refuses_whole():
@@ -116,7 +119,8 @@ def test_payloads_go_in_whole_chunks_that_a_pipe_takes_or_refuses_whole():
     chunks = _chunks([*payloads, "x" * 9000])  # a NOTIFY by hand, too long: wakes every worker
     assert all(len(chunk) <= CHUNK for chunk in chunks)
     received = b"".join(chunks).split(b"\0")
-    assert received[-1] == b"" and [p.decode() for p in received[:-1]] == [*payloads, WAKE_ALL]
+    assert received[-1] == b""
+    assert [p.decode() for p in received[:-1]] == [*payloads, WAKE_ALL]
 
 
 def idle_claimers(application: str) -> int:
