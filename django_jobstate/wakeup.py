@@ -91,12 +91,15 @@ def listen(using: str, *channels: str) -> Any:
 
 class Inbox:
     """The read end of a supervised worker's pipe from its supervisor's relay (relay.py):
-    payloads, each followed by a NUL byte (a payload is PostgreSQL text, which has none)."""
+    payloads, each followed by a NUL byte (a payload is PostgreSQL text, which has none).
+    For one thread at a time, like the Waiter that reads it."""
 
     def __init__(self, reader: Connection) -> None:
         self.reader = reader  # kept: its fd closes with it
         self.fd = reader.fileno()
         os.set_blocking(self.fd, False)
+        self._poll = select.poll()
+        self._poll.register(self.fd, select.POLLIN)
         self.closed = False  # the supervisor's end closed: it is gone
         self._partial = b""
 
@@ -105,7 +108,7 @@ class Inbox:
         if self.closed:
             return []
         if timeout > 0:
-            select.select([self.fd], [], [], timeout)
+            self._poll.poll(timeout * 1000)
         data = self._partial
         while True:
             try:
@@ -117,7 +120,7 @@ class Inbox:
                 break
             data += chunk
         *payloads, self._partial = data.split(b"\0")
-        return [payload.decode() for payload in payloads]
+        return [payload.decode(errors="replace") for payload in payloads]
 
 
 # The inbox of this process, if it is a worker process of a supervisor (run_child()
