@@ -2,25 +2,23 @@
 
 The supervisor (or, for a worker run in-process, its watchdog) reads the requests for its
 workers' attempts at every heartbeat, and on PostgreSQL as soon as a cancel's NOTIFY
-arrives, and writes each to the ledger (ledger.py): the task sees it through its context
-(context.py), an attempt not begun yet is never begun, and the one in hand is stopped
-JOBSTATE_CANCEL_GRACE seconds after the request (database clock), as at a timeout.
+arrives (the supervisor's relay hears it: relay.py), and writes each to the ledger
+(ledger.py): the task sees it through its context (context.py), an attempt not begun yet
+is never begun, and the one in hand is stopped JOBSTATE_CANCEL_GRACE seconds after the
+request (database clock), as at a timeout.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections.abc import Callable
 
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError
 
 from .conf import get_settings
 from .ledger import Ledger
 from .liveness import close_connection
 from .models import Job
-from .wakeup import CANCEL_CHANNEL, Waiter
 
 logger = logging.getLogger("django_jobstate.worker")
 
@@ -43,34 +41,3 @@ def pass_cancel_requests(ledgers: dict[str, Ledger], name: str) -> int:
         if ledger is not None and ledger.request_cancel(pk, now + max(0.0, grace - age)):
             flagged += 1
     return flagged
-
-
-class CancelListener(threading.Thread):
-    """On PostgreSQL, calls `heard()` when a cancel request's NOTIFY arrives; elsewhere,
-    nothing (the heartbeats deliver requests)."""
-
-    def __init__(self, heard: Callable[[], None]) -> None:
-        super().__init__(name="jobstate-cancels", daemon=True)
-        self.heard = heard
-        self._done = threading.Event()
-        self.using = router.db_for_write(Job)
-
-    def start(self) -> None:
-        if connections[self.using].vendor == "postgresql":
-            super().start()
-
-    def run(self) -> None:
-        waiter = Waiter(self._done, using=self.using, channel=CANCEL_CHANNEL)
-        try:
-            while not self._done.is_set():
-                waiter.wait(5.0)
-                if waiter.payloads:
-                    waiter.payloads.clear()
-                    self.heard()
-        finally:
-            waiter.close()
-
-    def finish(self) -> None:
-        self._done.set()
-        if self.is_alive():
-            self.join(5)

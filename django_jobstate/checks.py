@@ -285,3 +285,36 @@ def check_tracing(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
             id="django_jobstate.E009",
         )
     ]
+
+
+@register()
+def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    alias = _raw("LISTEN_DATABASE")
+    if alias is None:
+        return []
+    hint = (
+        "Name the DATABASES entry that connects to the jobs' PostgreSQL database directly "
+        "(not through PgBouncer in transaction mode), or remove the setting to listen on "
+        "the jobs' own connection settings."
+    )
+    if not isinstance(alias, str) or alias not in settings.DATABASES:
+        return [
+            Error(
+                f"JOBSTATE_LISTEN_DATABASE is {alias!r}, which is not an alias of DATABASES "
+                f"({', '.join(map(repr, settings.DATABASES))}): workers could not LISTEN "
+                f"for new jobs and cancels.",
+                hint=hint,
+                id="django_jobstate.E013",
+            )
+        ]
+    if connections[alias].vendor != "postgresql":
+        return [
+            Error(
+                f"JOBSTATE_LISTEN_DATABASE names DATABASES[{alias!r}], which is "
+                f"{connections[alias].display_name}, not PostgreSQL: only PostgreSQL has "
+                f"LISTEN/NOTIFY.",
+                hint=hint,
+                id="django_jobstate.E013",
+            )
+        ]
+    return []

@@ -35,6 +35,11 @@ class Settings:
     # {"succeeded": "7d", "failed": "30d"}: prune older finished tasks hourly, on a built-in
     # schedule (schedule_settings.py); None keeps every job.
     RETENTION: Mapping[str, str | float] | None = None
+    # The DATABASES alias the LISTEN connection of wake-ups and cancels uses (wakeup.py,
+    # relay.py); None: the jobs' own. Name a direct connection to the same PostgreSQL
+    # database when the jobs' alias goes through PgBouncer in transaction mode, which
+    # does not deliver notifications.
+    LISTEN_DATABASE: str | None = None
 
 
 DAY = 86_400.0

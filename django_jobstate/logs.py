@@ -8,7 +8,7 @@ The events, stable names a log search can rely on:
     runjobs.database_unavailable, runjobs.unknown_queue, metrics.serving,
     job.succeeded, job.failed, job.handed_back, job.outcome_discarded, job.no_signal,
     job.settled (failed by a supervisor or rescuer: lost, timeout, released, interrupted),
-    database.unavailable, heartbeat.failed, rescue.failed, wakeup.lost
+    database.unavailable, heartbeat.failed, rescue.failed, wakeup.lost, wakeup.restored
 """
 
 from __future__ import annotations

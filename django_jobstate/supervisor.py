@@ -6,7 +6,9 @@ workers, whatever their tasks do to their own interpreters:
 - a monitor thread heartbeats for them and rescues the attempts of lost workers elsewhere
   (liveness.py), makes every other database write of the supervisor, and passes cancel
   requests for their attempts to the ledgers (at each beat; on PostgreSQL at once, woken
-  by a listener thread);
+  by the relay);
+- on PostgreSQL, a relay thread holds the one LISTEN connection of all the workers and
+  passes each wake-up on to them through a pipe per worker (relay.py);
 - the main loop kills a worker whose attempt passed its deadline, takes back the attempts
   a worker holds behind a slow one, and replaces workers that ended.
 Each worker writes what it holds and starts to a ledger in shared memory (ledger.py), so
@@ -29,7 +31,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from multiprocessing.connection import wait
+from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
@@ -99,6 +101,7 @@ class Supervisor:
         verbosity: int = 1,
         **options: Any,
     ):
+        from .relay import Relay
         from .worker import MAX_BATCH
 
         self.concurrency = concurrency
@@ -117,6 +120,7 @@ class Supervisor:
         self._respawn_at: dict[int, float] = {}
         self._context = multiprocessing.get_context("spawn")
         self.monitor = Monitor(self)
+        self.relay = Relay(self._context, options.get("queues"), self.monitor.check_cancels_soon)
 
     def run(self) -> None:
         queues = ", ".join(sorted(self.options.get("queues") or [])) or "all queues"
@@ -127,6 +131,7 @@ class Supervisor:
             queues,
             extra={"event": "supervisor.started", "supervisor_id": self.base_id},
         )
+        self.relay.start()  # before the workers: none misses a job enqueued as it starts
         self.monitor.start()
         scheduler = start_scheduler(f"Scheduler {self.base_id}") if self.schedules else None
         try:
@@ -140,6 +145,7 @@ class Supervisor:
             if scheduler is not None:
                 scheduler.stop()
             self.monitor.finish()
+            self.relay.finish()
         logger.info(
             "Supervisor %s stopped",
             self.base_id,
@@ -174,6 +180,7 @@ class Supervisor:
             if not child.process.is_alive():
                 child.process.join()
                 del self._children[slot]
+                self.relay.remove(child.worker_id)
                 self._publish()  # before settling it: no beat for it after its row is gone
                 self._ended(child)
                 if self._should_replace(child):
@@ -213,12 +220,15 @@ class Supervisor:
         in_flight = self.options.get("in_flight", 1)
         ledger = Ledger(self._context, ledger_size(self.batch_size, in_flight), in_flight)
         options = {**self.options, "worker_id": worker_id, "max_batch": self.batch_size}
+        inbox = self.relay.add(worker_id)
         process = self._context.Process(
             target=run_child,
-            args=(options, self.verbosity, ledger, os.getpid()),
+            args=(options, self.verbosity, ledger, os.getpid(), inbox),
             name=f"runjobs worker {worker_id}",
         )
         process.start()
+        if inbox is not None:
+            inbox.close()  # the child has its copy; the relay's end alone stays here
         self._children[slot] = Child(worker_id, process, ledger, time.monotonic())
         self._publish()
         self.monitor.beat_soon()  # register it before it claims
@@ -321,14 +331,12 @@ class Monitor(threading.Thread):
         self._wake.set()
 
     def run(self) -> None:
-        from .cancels import CancelListener, pass_cancel_requests
+        from .cancels import pass_cancel_requests
         from .liveness import Pulse, close_connection
 
         pulse = Pulse(f"Supervisor {self.supervisor.base_id}")
         interval = pulse.settings.HEARTBEAT_INTERVAL
         next_beat = time.monotonic()
-        listener = CancelListener(self.check_cancels_soon)
-        listener.start()
         try:
             while True:
                 self._write_pending(close_connection)
@@ -347,7 +355,6 @@ class Monitor(threading.Thread):
                 self._wake.wait(max(0.0, next_beat - time.monotonic()))
                 self._wake.clear()
         finally:
-            listener.finish()
             close_connection()
 
     def _write_pending(self, close_connection: Callable[[], None]) -> None:
@@ -382,13 +389,23 @@ class Monitor(threading.Thread):
             )
 
 
-def run_child(options: dict[str, Any], verbosity: int, ledger: Ledger, parent: int) -> None:
-    """The body of a worker process."""
+def run_child(
+    options: dict[str, Any],
+    verbosity: int,
+    ledger: Ledger,
+    parent: int,
+    inbox: Connection | None = None,
+) -> None:
+    """The body of a worker process; `inbox`: its pipe from the supervisor's relay."""
     _die_with_parent()
     import django
 
     django.setup()
+    from .wakeup import receive_from
     from .worker import Worker
+
+    if inbox is not None:
+        receive_from(inbox)  # its Waiter reads the relay instead of listening itself
 
     configure_logging(verbosity)  # a spawned process starts with the project's logging only
     if os.environ.get(metrics.ENV):  # the supervisor serves --metrics-port

@@ -252,10 +252,46 @@ apt_install() {
     if [[ " $* " == *" postgresql"* ]]; then
         mkdir -p "${conf%/*}" && echo 'create_main_cluster = false' >"$conf"
     fi
+    # Likewise the pgbouncer package starts a system service on port 6432: a
+    # policy-rc.d that refuses service starts (unless one is there) stops it.
+    local policy=/usr/sbin/policy-rc.d made_policy=""
+    if [[ " $* " == *" pgbouncer "* && ! -e $policy ]]; then
+        printf '#!/bin/sh\n# Added by django-jobstate scripts/lib.sh apt_install\nexit 101\n' \
+            >"$policy" && chmod 755 "$policy" && made_policy=1
+    fi
     DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "$@" ||
         rc=$?
     rm -f "$conf"
+    if [[ -n $made_policy ]]; then rm -f "$policy"; fi
     return "$rc"
+}
+
+# pgbouncer_bin: print the path of pgbouncer (tests/test_pgbouncer.py runs a
+# throwaway one), which Debian installs in /usr/sbin, off a user's PATH.
+pgbouncer_bin() {
+    local p
+    for p in "$(command -v pgbouncer 2>/dev/null)" /usr/sbin/pgbouncer /usr/bin/pgbouncer; do
+        if [[ -n $p && -x $p ]]; then
+            echo "$p"
+            return 0
+        fi
+    done
+    return 1
+}
+
+# ensure_pgbouncer: install pgbouncer with apt-get when it is missing and we
+# can (root); otherwise say that its test will be skipped. Never fails.
+ensure_pgbouncer() {
+    pgbouncer_bin >/dev/null && return 0
+    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        _log "pgbouncer not found; installing it with apt-get."
+        if apt_install pgbouncer && pgbouncer_bin >/dev/null; then
+            return 0
+        fi
+    fi
+    _log "warning: pgbouncer not found and not installable here (needs root and apt-get):" \
+        "tests/test_pgbouncer.py will be skipped. Install it with \`apt-get install pgbouncer\`."
+    return 0
 }
 
 _pg_port_in_use() {

@@ -74,6 +74,8 @@ def ids(**overrides):
         ({"JOBSTATE_TASK_MODULES": ["tests.no_such_module"]}, ["E008"]),
         ({"JOBSTATE_TASK_MODULES": ["no_such_package.tasks"]}, ["E008"]),
         ({"JOBSTATE_TASK_MODULES": [""]}, ["E008"]),
+        ({"JOBSTATE_LISTEN_DATABASE": "direct"}, ["E013"]),  # not an alias of DATABASES
+        ({"JOBSTATE_LISTEN_DATABASE": ["default"]}, ["E013"]),
     ],
 )
 def test_each_check_fires_for_its_bad_setting(overrides, expected):
@@ -146,6 +148,26 @@ def test_messages_say_what_and_how_to_fix():
     assert error.msg == (
         "JOBSTATE_MAX_BACKOFF must be at most 3.1536e+07 seconds (a year), not 1000000000000.0."
     )
+
+
+def test_the_listen_database_must_be_a_postgresql_alias():
+    (unknown,) = messages(JOBSTATE_LISTEN_DATABASE="direct")
+    assert unknown.msg == (
+        "JOBSTATE_LISTEN_DATABASE is 'direct', which is not an alias of DATABASES "
+        "('default'): workers could not LISTEN for new jobs and cancels."
+    )
+    assert "directly (not through PgBouncer in transaction mode)" in unknown.hint
+
+    found = messages(JOBSTATE_LISTEN_DATABASE="default")
+    if connection.vendor == "postgresql":
+        assert found == []
+    else:
+        (error,) = found
+        assert error.id == "django_jobstate.E013"
+        assert error.msg == (
+            "JOBSTATE_LISTEN_DATABASE names DATABASES['default'], which is SQLite, not "
+            "PostgreSQL: only PostgreSQL has LISTEN/NOTIFY."
+        )
 
 
 def test_unknown_name_hint_suggests_the_closest_setting():
