@@ -450,3 +450,12 @@ async def async_reports_progress(context: JobStateContext, steps: int) -> int:
         await context.asave_metadata()
         await asyncio.sleep(0.01)
     return steps
+
+
+@task
+def starts_then_sleeps(label: str, seconds: float) -> str:
+    """One attempt: records its start, sleeps, records its end."""
+    Execution.objects.create(label=f"{label}:start")
+    time.sleep(seconds)
+    Execution.objects.create(label=f"{label}:end")
+    return label

@@ -99,9 +99,10 @@ def test_a_signal_finishes_the_jobs_in_hand_then_exits(runjobs, signum, to_group
 
 @pytest.mark.parametrize("to_group", [False, True], ids=["process", "group"])
 def test_a_second_signal_stops_at_once_and_fails_the_attempts_as_interrupted(runjobs, to_group):
-    never = [tasks.sleep_then_record.enqueue(f"never {n}", 60) for n in range(2)]
+    never = [tasks.starts_then_sleeps.enqueue(f"never {n}", 60) for n in range(2)]
     proc = runjobs.start("--poll-interval", "0.05", "--concurrency", "2")
-    wait_for(lambda: Job.objects.running().count() == 2)
+    # Both bodies began: an attempt claimed but not begun is handed back, not interrupted.
+    wait_for(lambda: Execution.objects.count() == 2)
 
     send(proc, signal.SIGINT, to_group)
     # Two signals sent together may arrive as one: send the second once the first is seen.
@@ -116,7 +117,10 @@ def test_a_second_signal_stops_at_once_and_fails_the_attempts_as_interrupted(run
         assert (job.state, job.failure_reason) == (State.FAILED, FailureReason.INTERRUPTED)
         assert job.error_class == "django_jobstate.exceptions.WorkerInterrupted"
     assert not Job.objects.running().exists()
-    assert not Execution.objects.exists()
+    assert sorted(Execution.objects.values_list("label", flat=True)) == [
+        "never 0:start",
+        "never 1:start",
+    ]
 
 
 @pytest.mark.parametrize(
