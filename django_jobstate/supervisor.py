@@ -3,10 +3,10 @@
 Each worker is a child process (spawned, so it shares nothing with the supervisor but the
 settings and its ledger). The supervisor runs no task code, so it can always act for its
 workers, whatever their tasks do to their own interpreters:
-- a monitor thread heartbeats for them and rescues the attempts of lost workers elsewhere
-  (liveness.py), makes every other database write of the supervisor, and passes cancel
-  requests for their attempts to the ledgers (at each beat; on PostgreSQL at once, woken
-  by the relay);
+- a monitor thread (monitor.py) heartbeats for them and rescues the attempts of lost
+  workers elsewhere (liveness.py), makes every other database write of the supervisor,
+  and passes cancel requests for their attempts to the ledgers (at each beat; on
+  PostgreSQL at once, woken by the relay);
 - on PostgreSQL, a relay thread holds the one LISTEN connection of all the workers and
   passes each wake-up on to them through a pipe per worker (relay.py);
 - the main loop kills a worker whose attempt passed its deadline, takes back the attempts
@@ -26,20 +26,17 @@ import multiprocessing
 import os
 import signal
 import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from django.db import DatabaseError
-
 from . import metrics
 from .exceptions import WorkerInterrupted, WorkerLost
 from .ledger import STARTED, Ledger, ledger_size
+from .monitor import Monitor, release, settle
 from .states import FailureReason
 
 if TYPE_CHECKING:
@@ -279,114 +276,6 @@ def start_scheduler(name: str) -> SchedulerThread:
     thread = SchedulerThread(name)
     thread.start()
     return thread
-
-
-def release(worker_id: str, pks: list[int]) -> None:
-    from .models import Job
-
-    Job.objects.release(worker_id, pks)
-
-
-def settle(
-    worker_id: str,
-    started: set[int],
-    reason: FailureReason,
-    error: BaseException,
-    timed_out: int | None,
-) -> None:
-    from .models import Job, WorkerHeartbeat
-
-    Job.objects.settle_ended(
-        worker_id, started=started, reason=reason, error=error, timed_out=timed_out
-    )
-    WorkerHeartbeat.objects.forget(worker_id)
-
-
-class Monitor(threading.Thread):
-    """The supervisor's database work: heartbeats for its workers, rescue of lost workers
-    elsewhere, and the writes the main loop hands over (settling a worker that ended,
-    handing back held attempts), each retried until the database takes it."""
-
-    def __init__(self, supervisor: Supervisor) -> None:
-        super().__init__(name="jobstate-monitor", daemon=True)
-        self.supervisor = supervisor
-        self._pending: list[Callable[[], None]] = []
-        self._lock = threading.Lock()
-        self._wake = threading.Event()
-        self._done = threading.Event()
-        self._beat_now = False
-        self._cancels_now = False
-
-    def beat_soon(self) -> None:
-        self._beat_now = True
-        self._wake.set()
-
-    def check_cancels_soon(self) -> None:
-        self._cancels_now = True
-        self._wake.set()
-
-    def submit(self, write: Callable[[], None]) -> None:
-        with self._lock:
-            self._pending.append(write)
-        self._wake.set()
-
-    def run(self) -> None:
-        from .cancels import pass_cancel_requests
-        from .liveness import Pulse, close_connection
-
-        pulse = Pulse(f"Supervisor {self.supervisor.base_id}")
-        interval = pulse.settings.HEARTBEAT_INTERVAL
-        next_beat = time.monotonic()
-        try:
-            while True:
-                self._write_pending(close_connection)
-                if self._done.is_set() and not self._pending:
-                    return
-                beat = time.monotonic() >= next_beat or self._beat_now
-                if beat:
-                    self._beat_now = False
-                    next_beat = time.monotonic() + interval
-                    workers = self.supervisor.workers
-                    pulse.beat(workers, self.supervisor.options.get("queues"))
-                    pulse.rescue(list(workers))
-                if beat or self._cancels_now:
-                    self._cancels_now = False
-                    pass_cancel_requests(self.supervisor.ledgers, pulse.name)
-                self._wake.wait(max(0.0, next_beat - time.monotonic()))
-                self._wake.clear()
-        finally:
-            close_connection()
-
-    def _write_pending(self, close_connection: Callable[[], None]) -> None:
-        while self._pending:
-            write = self._pending[0]
-            try:
-                write()
-            except DatabaseError:
-                logger.warning(
-                    "Database unavailable; will retry",
-                    exc_info=True,
-                    extra={"event": "supervisor.database_unavailable"},
-                )
-                close_connection()
-                self._done.wait(0.5)
-                return
-            with self._lock:
-                self._pending.pop(0)
-
-    def finish(self) -> None:
-        """Stop once the pending writes are done, or JOBSTATE_LOST_AFTER has passed."""
-        from .conf import get_settings
-
-        self._done.set()
-        self._wake.set()
-        self.join(get_settings().LOST_AFTER)
-        if self.is_alive():
-            logger.error(
-                "The database did not take the outcomes of ended workers; their attempts "
-                "fail as lost once JOBSTATE_LOST_AFTER has passed",
-                extra={"event": "supervisor.outcomes_unwritten"},
-            )
 
 
 def run_child(
