@@ -555,15 +555,21 @@ class Torture:
             # While the database or the network is away, the other faults wait: each
             # figure then has one cause.
             while events and events[0][0] <= elapsed and self.away is None:
-                if getattr(self, events.pop(0)[1])() is False:  # not now: a moment later
-                    events = sorted([*events, (elapsed + 0.25, "cut")])
+                action = events.pop(0)[1]
+                # Not now (no worker to pick yet, on a slow start): a moment later.
+                if getattr(self, action)() is False:
+                    events = sorted([*events, (elapsed + 0.25, action)])
             self.tick()
             time.sleep(0.05)
-        for action in events:  # a slow machine: run what is left rather than skip it
-            while self.away is not None:
+        for _, action in events:  # a slow machine: run what is left rather than skip it
+            for _attempt in range(40):
+                while self.away is not None:
+                    self.tick()
+                    time.sleep(0.05)
+                if getattr(self, action)() is not False:
+                    break
                 self.tick()
-                time.sleep(0.05)
-            getattr(self, action[1])()
+                time.sleep(0.25)
 
     def tick(self) -> None:
         """End faults that are due, replace dead supervisors, sample the invariant."""
@@ -669,18 +675,19 @@ class Torture:
         jobs = Job.objects.filter(**worker).filter(Q(state=State.RUNNING) | rescued)
         return self.retrying(lambda: list(jobs.values_list("pk", flat=True)))
 
-    def kill_worker(self) -> None:
+    def kill_worker(self) -> bool:
         from bench.torture_check import Kill
 
         picked = self.pick_worker()
         if picked is None:
-            return
+            return False
         pid, worker_id = picked
         at = self.db_now()
         os.kill(pid, signal.SIGKILL)
         kill = Kill("worker", worker_id, at, self.victims(at, worker_id=worker_id))
         self.faults.kills.append(kill)
         print(f"  {self.clock()} SIGKILL worker {worker_id} ({len(kill.victims)} running)")
+        return True
 
     def kill_supervisor(self) -> None:
         from bench.torture_check import Kill
@@ -711,19 +718,19 @@ class Torture:
             f"({len(kill.victims)} running); started s{replacement.index}"
         )
 
-    def pause_long(self) -> None:
-        self.pause(long=True)
+    def pause_long(self) -> bool:
+        return self.pause(long=True)
 
-    def pause_short(self) -> None:
-        self.pause(long=False)
+    def pause_short(self) -> bool:
+        return self.pause(long=False)
 
-    def pause(self, *, long: bool) -> None:
+    def pause(self, *, long: bool) -> bool:
         from bench.torture_check import Pause
 
         seconds = self.lost_after + WINDOW_EXTRA if long else SHORT_PAUSE
         picked = self.pick_worker(deadline_within=seconds if long else None)
         if picked is None:
-            return
+            return False
         pid, worker_id = picked
         at = self.db_now()
         os.kill(pid, signal.SIGSTOP)
@@ -735,6 +742,7 @@ class Torture:
             f"  {self.clock()} SIGSTOP worker {worker_id} for {seconds:g} s "
             f"({len(pause.victims)} running)"
         )
+        return True
 
     def resume(self, pid: int) -> None:
         _, pause = self.paused.pop(pid)
