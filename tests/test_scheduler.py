@@ -81,7 +81,9 @@ def test_a_due_tick_is_enqueued_once_with_its_schedule_and_time():
     _, due = make_due()
 
     assert first.run_once() == 0  # ticked: look again at once
-    assert second.run_once() > 1  # the row moved on: nothing for it
+    # The row moved on: nothing for it (0 would say it ticked; the next tick may be less
+    # than a second away when the test runs just before a minute boundary).
+    assert second.run_once() > 0
     [job] = scheduled_jobs()
     assert (job.scheduled_for, job.task_path, job.state, job.attempt) == (
         due,
