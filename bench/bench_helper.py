@@ -115,13 +115,7 @@ def feed(rows: Any, rate: str, seconds: str, wait: str) -> dict[str, Any]:
     if not wait_for(lambda: rows.done(rows.warmup) >= 1, float(wait)):
         raise RuntimeError(f"the worker did not run the warm-up job within {wait} s")
     time.sleep(1.0)  # a phase unrelated to the worker's last poll
-    count = int(float(rate) * float(seconds))
-    started = time.perf_counter()
-    for k in range(count):
-        delay = started + k / float(rate) - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        rows.noop.enqueue()
+    count, started = enqueue_steadily(rows.noop, rate, seconds)
     fed_in = time.perf_counter() - started
     finished = wait_for(lambda: rows.done(rows.noop) >= count, float(wait))
     return {"fed": count, "seconds": fed_in, "done": rows.done(rows.noop), "finished": finished}
@@ -146,13 +140,7 @@ def urgent(rows: Any, rate: str, seconds: str, wait: str) -> dict[str, Any]:
     if not wait_for(lambda: rows.done(backlog) >= 1, float(wait)):
         raise RuntimeError(f"the workers did not start on the backlog within {wait} s")
     time.sleep(0.5)  # well into the backlog
-    count = int(float(rate) * float(seconds))
-    started = time.perf_counter()
-    for k in range(count):
-        delay = started + k / float(rate) - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)
-        job.enqueue()
+    count, _ = enqueue_steadily(job, rate, seconds)
     finished = wait_for(lambda: rows.done(job) >= count, float(wait))
     left = rows.jobs(backlog).exclude(rows.terminal_q).count()
     return {"fed": count, "done": rows.done(job), "finished": finished, "backlog_left": left}
@@ -211,6 +199,19 @@ def progress(rows: Any) -> dict[str, Any]:
         for t in rows.jobs().exclude(finished_at=None).values_list("finished_at", flat=True)
     )
     return {"done": [bisect.bisect_right(ends, t) for t in times]}
+
+
+def enqueue_steadily(task: Any, rate: str, seconds: str) -> tuple[int, float]:
+    """Enqueue `task` at a steady `rate` per second for `seconds`: how many, and when the
+    feed started (perf_counter)."""
+    count = int(float(rate) * float(seconds))
+    started = time.perf_counter()
+    for k in range(count):
+        delay = started + k / float(rate) - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+        task.enqueue()
+    return count, started
 
 
 def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
