@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from django.db import InterfaceError, OperationalError, transaction
+from django.db import InterfaceError, OperationalError
 from django.tasks import Task, TaskResult
 from django.tasks.exceptions import InvalidTask
 from django.tasks.signals import task_started
@@ -21,6 +21,7 @@ from django.tasks.signals import task_started
 from .backend import JobStateBackend, load_task, to_task_result
 from .context import JobStateContext
 from .exceptions import JobCancelled, JobTimeout
+from .managers import writing
 from .models import Job
 from .payload import encode_payload
 from .states import FailureReason
@@ -154,7 +155,7 @@ class AttemptRunner:
         if not getattr(task, "atomic", False):
             value = task.call(*args, *job.args, **job.kwargs)
             return encode_payload(value, "The task's return value")[0], False
-        with transaction.atomic(using=self.db):
+        with writing(job, brief=False):
             value = task.call(*args, *job.args, **job.kwargs)
             value = encode_payload(value, "The task's return value")[0]
             Job.objects.succeed(job, value)

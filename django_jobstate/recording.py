@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import DatabaseError, InterfaceError, OperationalError, connections
 from django.tasks import Task
 from django.tasks.signals import task_finished
 from django.utils import timezone
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_jobstate.worker")
 T = TypeVar("T")
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"  # PostgreSQL's SQLSTATE (an InternalError)
 
 
 class OutcomeWriter:
@@ -80,7 +81,9 @@ class OutcomeWriter:
         while True:
             try:
                 return write()
-            except (OperationalError, InterfaceError):
+            except DatabaseError as exc:
+                if not self._connection_lost(exc):
+                    raise
                 logger.warning(
                     "Worker %s: database unavailable; retrying the write in %.1fs",
                     self.worker_id,
@@ -91,6 +94,13 @@ class OutcomeWriter:
                 connections[self.db].close()
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
+
+    def _connection_lost(self, exc: DatabaseError) -> bool:
+        """Whether `exc` means the connection was lost: the database is away, or ended the
+        session (SQLSTATE 25P03: a write silent in its transaction, brief_transaction())."""
+        if isinstance(exc, OperationalError | InterfaceError):
+            return True
+        return getattr(exc.__cause__, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT
 
     def lost_race(self, job: Job, why: str) -> None:
         logger.warning(

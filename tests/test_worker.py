@@ -12,6 +12,7 @@ from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
 from django_jobstate.backend import JobStateBackend
+from django_jobstate.exceptions import WorkerLost
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
 from django_jobstate.wakeup import Waiter
@@ -396,6 +397,120 @@ def test_losing_the_database_before_the_body_starts_is_not_the_tasks_error():
     claimed.refresh_from_db()
     assert (claimed.state, claimed.return_value) == (State.SUCCEEDED, "again")
     assert executions() == ["again"]
+
+
+def ends_the_connection(when: str, statement: str, param: object = None, then: int = 0):
+    """An execute wrapper: the server ends this connection (a restart, a failover) just
+    `when` ("before", "after") the first statement that starts with `statement` (and has
+    `param` among its parameters) runs, or the statement `then` statements later."""
+    left: int | None = None  # once matched: statements to let run first
+
+    def wrapper(execute, sql, params, many, context):
+        nonlocal left
+        if left is None and sql.startswith(statement) and (param is None or param in params):
+            left = then
+        fire, left = left == 0, None if left is None else left - 1
+        if fire and when == "before":
+            end_this_connection()
+        result = execute(sql, params, many, context)
+        if fire and when == "after":
+            end_this_connection()
+        return result
+
+    return wrapper
+
+
+def end_this_connection() -> None:
+    admin = connection.get_new_connection(connection.get_connection_params())
+    admin.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
+    admin.close()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="ends a PostgreSQL backend")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_failure_whose_transaction_loses_the_database_is_written_again_from_the_start(when):
+    # The failure and its retry are one transaction; the server goes away in it, before
+    # the retry's INSERT or before the COMMIT. Nothing was written: the worker writes the
+    # failure again, from the row's state (running), not from its rolled-back copy.
+    first = fails_once.enqueue("x")
+    [claimed] = Job.objects.claim("w", limit=1)
+
+    with connection.execute_wrapper(ends_the_connection(when, 'INSERT INTO "django_jobstate_job"')):
+        Worker(worker_id="w").run_attempt(claimed)
+
+    attempts = list(Job.objects.attempts_of(first.id))
+    assert [(a.attempt, a.state) for a in attempts] == [(1, State.FAILED), (2, State.QUEUED)]
+    assert attempts[1].previous_id == attempts[0].pk
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="ends a PostgreSQL backend")
+@pytest.mark.django_db(transaction=True)
+def test_an_atomic_task_whose_commit_loses_the_database_fails_and_is_retried():
+    from tests.tasks import writes_atomically
+
+    first = writes_atomically.enqueue("x", 0)
+    [claimed] = Job.objects.claim("w", limit=1)
+
+    # The server goes away after the success is written (and read back) in the body's
+    # transaction, which rolls back with the body's writes: the attempt failed, and is
+    # retried.
+    ends = ends_the_connection("after", 'UPDATE "django_jobstate_job"', State.SUCCEEDED, then=1)
+    with connection.execute_wrapper(ends):
+        Worker(worker_id="w").run_attempt(claimed)
+
+    attempts = list(Job.objects.attempts_of(first.id))
+    assert [(a.attempt, a.state) for a in attempts] == [(1, State.FAILED), (2, State.QUEUED)]
+    assert attempts[0].error_class == "django.db.utils.OperationalError"
+    assert executions() == []
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a PostgreSQL session timeout")
+@pytest.mark.django_db(transaction=True)
+def test_a_writer_silent_inside_its_outcome_write_lets_go_of_the_row(settings, caplog):
+    # A host cut off (or dead) after its failure's UPDATE, before its COMMIT: the server
+    # ends that transaction after a quarter of LOST_AFTER (here 0.5 s), so that a rescuer,
+    # which skips locked rows, can fail the attempt long before TCP would give up.
+    settings.JOBSTATE_LOST_AFTER = 2.0
+    first = always_fails.enqueue("x")
+    [claimed] = Job.objects.claim("w", limit=1)
+    silent, silence = threading.Event(), 10.0
+
+    def goes_silent(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith('UPDATE "django_jobstate_job"') and not silent.is_set():
+            silent.set()
+            time.sleep(silence)
+        return result
+
+    def writer() -> None:
+        with connection.execute_wrapper(goes_silent):
+            Worker(worker_id="w").run_attempt(claimed)
+        connection.close()
+
+    thread = threading.Thread(target=writer)
+    with caplog.at_level(logging.WARNING, logger="django_jobstate.worker"):
+        thread.start()
+        assert silent.wait(30)
+        deadline = time.monotonic() + silence / 2
+        rescued = 0
+        while not rescued:  # as the rescue does: lock the row, or skip it
+            assert time.monotonic() < deadline, "the silent writer still holds the row"
+            time.sleep(0.1)
+            rescued = Job.objects._fail_each(
+                Job.objects.running().filter(pk=claimed.pk),
+                FailureReason.LOST,
+                WorkerLost("its worker sent no heartbeat"),
+                skip_locked=True,
+            )
+        thread.join(60)
+
+    attempts = list(Job.objects.attempts_of(first.id))
+    assert [(a.attempt, a.state, a.failure_reason) for a in attempts] == [
+        (1, State.FAILED, FailureReason.LOST),
+        (2, State.QUEUED, ""),
+    ]
+    assert f"outcome of job {claimed.pk} discarded" in caplog.text
 
 
 def test_a_failure_is_logged_with_its_class_message_reason_and_traceback(caplog):

@@ -8,7 +8,7 @@ attempt's metadata) and prune.py; base.py holds the one state check and fence th
 (Writes._transition).
 """
 
-from .base import class_path, describe_error, storable_text, timeout_error
+from .base import class_path, describe_error, storable_text, timeout_error, writing
 from .cancel import Cancel, CancelOutcome
 from .claim import Claim, ClaimKey, claim_key
 from .enqueue import ENQUEUE_CHUNK, Enqueue, uuid7
@@ -29,6 +29,7 @@ __all__ = [
     "storable_text",
     "timeout_error",
     "uuid7",
+    "writing",
 ]
 
 

@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import logging
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import models
+from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
+from ..conf import get_settings
 from ..exceptions import JobTimeout, LostRace
 from ..querysets import JobQuerySet
 from ..states import State, check_transition
@@ -80,6 +83,52 @@ def from_db(connection: BaseDatabaseWrapper, field: models.Field[Any, Any], valu
 
 # A module-level name, so that django-stubs types the manager's queryset methods.
 _JobManagerBase = models.Manager.from_queryset(JobQuerySet)
+
+
+# On PostgreSQL the server ends a transaction of ours that holds Job rows (an outcome, a
+# rescue, a cancel request) once its client has been silent in it for this share of
+# JOBSTATE_LOST_AFTER. A host cut off, or dead, between such a write and its COMMIT would
+# hold the rows until the server drops its connection (when TCP gives up: up to hours),
+# and no rescuer can fail an attempt whose row is held (it skips locked rows). Ours take
+# milliseconds; a writer that was only slow gets an error and writes again.
+IDLE_IN_WRITE_SHARE = 0.25
+
+
+@contextmanager
+def brief_transaction(using: str | None) -> Iterator[None]:
+    """transaction.atomic, for a write of ours that holds Job rows (IDLE_IN_WRITE_SHARE)."""
+    connection = connections[using or DEFAULT_DB_ALIAS]
+    outermost = not connection.in_atomic_block
+    with transaction.atomic(using=using):
+        if outermost and connection.vendor == "postgresql":
+            idle = max(1, int(get_settings().LOST_AFTER * IDLE_IN_WRITE_SHARE * 1000))
+            with connection.cursor() as cursor:
+                cursor.execute(
+                    "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                    [str(idle)],
+                )
+        yield
+
+
+@contextmanager
+def writing(job: Job, *, brief: bool = True) -> Iterator[None]:
+    """A transaction for writes that move `job` (_transition refreshes it in place): if
+    it does not commit, `job` is put back as it was, which is what the row still holds.
+    `brief`: a write of ours alone (brief_transaction), not a task's body with it.
+
+    An outcome whose write failed because the database went away is written again once
+    it is back (the worker's retrying()): it must start from the state the database has,
+    not from the one its rolled-back write had put in memory. (If the COMMIT went through
+    and only its answer was lost, the write again loses its fence and says so.)
+    """
+    saved = job.__dict__.copy()
+    db = job._state.db
+    try:
+        with brief_transaction(db) if brief else transaction.atomic(using=db):
+            yield
+    except BaseException:
+        job.__dict__.update(saved)
+        raise
 
 
 class Writes(_JobManagerBase["Job"]):

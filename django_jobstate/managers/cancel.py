@@ -15,13 +15,13 @@ from collections.abc import Iterable
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
-from django.db import connections, models, transaction
+from django.db import connections, models
 from django.db.models.functions import Coalesce, Now
 
 from ..exceptions import JobCancelled, LostRace
 from ..states import FailureReason, State
 from ..wakeup import NOTIFY_CANCEL
-from .base import Writes, describe_error
+from .base import Writes, brief_transaction, describe_error
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -90,7 +90,7 @@ class Cancel(Writes):
         is no longer running."""
         db = job._state.db
         connection = connections[db or "default"]
-        with transaction.atomic(using=db):
+        with brief_transaction(db):
             requested = (
                 self.using(db)
                 .filter(pk=job.pk, state=State.RUNNING)

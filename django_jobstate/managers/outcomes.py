@@ -22,7 +22,15 @@ from ..logs import job_fields
 from ..states import FailureReason, State, check_transition
 from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 from ..wakeup import NOTIFY_QUEUE, queue_payload
-from .base import Writes, describe_error, logger, now_sql, timeout_error
+from .base import (
+    Writes,
+    brief_transaction,
+    describe_error,
+    logger,
+    now_sql,
+    timeout_error,
+    writing,
+)
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -111,7 +119,7 @@ class Outcomes(Writes):
                 When(cancel_requested_at__isnull=False, then=Value(FailureReason.CANCELLED)),
                 default=Value(reason),
             )
-        with transaction.atomic(using=job._state.db):
+        with writing(job):
             self._transition(
                 job,
                 State.FAILED,
@@ -325,7 +333,7 @@ class Outcomes(Writes):
         failed = 0
         for job in jobs:
             try:
-                locking = transaction.atomic(using=job._state.db)
+                locking = brief_transaction(job._state.db)
                 with locking if skip_locked else contextlib.nullcontext():
                     if skip_locked and not self._lock_or_skip(job):
                         continue  # its writer holds it; see again at the next rescue
