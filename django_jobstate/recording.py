@@ -159,10 +159,17 @@ class OutcomeWriter:
                 extra=job_fields(job, "job.no_signal"),
             )
             return
-        if error is None:
-            task_finished.send(JobStateBackend, task_result=result)
-            return
         try:
-            raise error
-        except BaseException:
-            task_finished.send(JobStateBackend, task_result=result)
+            if error is None:
+                task_finished.send(JobStateBackend, task_result=result)
+                return
+            try:
+                raise error
+            except BaseException:
+                task_finished.send(JobStateBackend, task_result=result)
+        except Exception:  # a receiver's: the outcome is written, the worker goes on
+            logger.exception(
+                "Job %s: a task_finished receiver raised",
+                job.pk,
+                extra=job_fields(job, "job.signal_failed"),
+            )

@@ -278,6 +278,29 @@ def test_task_started_then_task_finished_are_sent(task_path, final):
     ]
 
 
+@pytest.mark.django_db(transaction=True)  # with --in-flight, the bodies run in threads
+@pytest.mark.parametrize("in_flight", [1, 4])
+def test_a_task_finished_receiver_that_raises_does_not_stop_the_worker(caplog, in_flight):
+    jobs = [JobFactory(args=[label]) for label in "ab"] + [JobFactory(task_path="tests.tasks.boom")]
+
+    def receiver(sender, task_result, **kwargs):
+        raise RuntimeError("a receiver's bug")
+
+    task_finished.connect(receiver)
+    try:
+        with caplog.at_level(logging.ERROR, logger="django_jobstate.worker"):
+            Worker(burst=True, in_flight=in_flight).run()
+    finally:
+        task_finished.disconnect(receiver)
+
+    states = [Job.objects.get(pk=job.pk).state for job in jobs]
+    assert states == [State.SUCCEEDED, State.SUCCEEDED, State.FAILED]
+    assert sorted(executions()) == ["a", "b"]
+    raised = [r for r in caplog.records if "task_finished receiver raised" in r.getMessage()]
+    assert len(raised) == 3
+    assert all(r.exc_info[0] is RuntimeError for r in raised)
+
+
 def test_a_batch_skips_attempts_failed_while_the_worker_was_not_heard_from(settings):
     settings.JOBSTATE_HEARTBEAT_INTERVAL = 0.01
     slow = JobFactory(task_path="tests.tasks.sleep_then_record", args=["a", 0.1], priority=2)
