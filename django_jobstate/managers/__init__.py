@@ -3,18 +3,19 @@
 Every write names the state it expects (and, for a running attempt, the worker that owns
 it). When the row has moved on, the write matches zero rows, changes nothing and raises
 LostRace. JobManager is assembled from one part per kind of write: enqueue.py, claim.py,
-outcomes.py (succeed, fail, retry, rescue, release), cancel.py, progress.py (a running
-attempt's metadata) and prune.py; base.py holds the one state check and fence they share
-(Writes._transition).
+outcomes.py (succeed, fail, retry), settle.py (rescue, release, time out: fail() on
+behalf of a worker), cancel.py, progress.py (a running attempt's metadata) and prune.py;
+base.py holds the one state check and fence they share (Writes._transition).
 """
 
 from .base import class_path, describe_error, storable_text, timeout_error, writing
 from .cancel import Cancel, CancelOutcome
 from .claim import Claim, ClaimKey, claim_key
 from .enqueue import ENQUEUE_CHUNK, Enqueue, uuid7
-from .outcomes import Outcomes, backoff_delay
+from .outcomes import backoff_delay
 from .progress import Progress, check_metadata
 from .prune import Prune
+from .settle import Settle
 
 __all__ = [
     "ENQUEUE_CHUNK",
@@ -33,5 +34,5 @@ __all__ = [
 ]
 
 
-class JobManager(Enqueue, Claim, Outcomes, Cancel, Progress, Prune):
+class JobManager(Enqueue, Claim, Settle, Cancel, Progress, Prune):
     """Job.objects: the reads of JobQuerySet, and every write of a Job row."""

@@ -1,34 +1,29 @@
-"""Outcomes: a running attempt to succeeded or failed (its next attempt with it), by its
-worker, its supervisor, a rescuer of lost workers; and cancelling an attempt (cancel.py)."""
+"""Outcomes: a running attempt to succeeded or failed, its next attempt with it (by its
+worker; by its supervisor or a rescuer through settle.py), and a retry."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import random
-from collections.abc import Collection, Iterable, Sequence
-from datetime import datetime, timedelta
+from collections.abc import Sequence
+from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import IntegrityError, connections, models, router, transaction
-from django.db.models import Case, Exists, Value, When
+from django.db.models import Case, Value, When
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Now
 
-from .. import metrics
 from ..conf import get_settings
-from ..exceptions import JobAlreadyEnqueued, JobCancelled, LostRace, WorkerLost
+from ..exceptions import JobAlreadyEnqueued, LostRace
 from ..logs import job_fields
 from ..states import FailureReason, State, check_transition
 from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 from ..wakeup import NOTIFY_QUEUE, queue_payload
 from .base import (
     Writes,
-    brief_transaction,
-    describe_error,
     logger,
     now_sql,
-    timeout_error,
     writing,
 )
 
@@ -48,16 +43,6 @@ def backoff_delay(backoff: float, attempt: int) -> float:
     """Seconds to wait before attempt `attempt + 1`: exponential, jittered, capped."""
     cap = get_settings().MAX_BACKOFF
     return min(cap, backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
-
-
-def stopped(job: Job) -> tuple[FailureReason, Exception]:
-    """Why an attempt stopped at its deadline failed: its timeout, or its cancel grace."""
-    if job.cancel_requested_at is not None:
-        grace = get_settings().CANCEL_GRACE
-        return FailureReason.CANCELLED, JobCancelled(
-            f"it was cancelled and stopped (JOBSTATE_CANCEL_GRACE is {grace:g} seconds)"
-        )
-    return FailureReason.TIMEOUT, timeout_error(job)
 
 
 class Outcomes(Writes):
@@ -239,125 +224,3 @@ class Outcomes(Writes):
             f"same unique key is {holder.state}.",
             result_id=str(holder.result_id),
         )
-
-    def rescue_lost(
-        self, lost_after: float, *, judges: Sequence[str] = (), judge_gap: float = 0
-    ) -> int:
-        """Fail as lost the running attempts of workers silent for `lost_after` seconds.
-
-        Times are the database's, so workers' clocks do not matter. An attempt younger than
-        `lost_after` is never rescued, whatever its worker did. With `judges`, nothing is
-        rescued unless one of those workers beat within the last `judge_gap` seconds: a
-        rescuer whose own beats stalled (its statement waited on a lock, it was paused)
-        cannot tell a dead worker from one that was held up as it was (liveness.py).
-        """
-        from ..models import WorkerHeartbeat
-
-        cutoff = Now() - timedelta(seconds=lost_after)
-        alive = WorkerHeartbeat.objects.filter(last_seen__gte=cutoff).values("worker_id")
-        silent = self.running().filter(started_at__lt=cutoff).exclude(worker_id__in=alive)
-        if judges:
-            fresh = Now() - timedelta(seconds=judge_gap)
-            silent = silent.filter(
-                Exists(WorkerHeartbeat.objects.filter(worker_id__in=judges, last_seen__gte=fresh))
-            )
-        error = WorkerLost(f"its worker sent no heartbeat for {lost_after:g} seconds")
-        return self._fail_each(silent, FailureReason.LOST, error, skip_locked=True)
-
-    def fail_running(
-        self, worker_id: str, reason: FailureReason, error: BaseException, *, pk: int | None = None
-    ) -> int:
-        """Fail the running attempts of a worker that is gone or stopped (or just one of them).
-
-        Used by the watchdog of an attempt past its timeout, and by tests. Returns how many
-        attempts it failed.
-        """
-        jobs = self.running().filter(worker_id=worker_id)
-        return self._fail_each(jobs if pk is None else jobs.filter(pk=pk), reason, error)
-
-    def release(self, worker_id: str, pks: Collection[int]) -> int:
-        """Hand back attempts that `worker_id` claimed but never started; return how many.
-
-        Each fails as released and its next attempt is queued at once, not counted against
-        the task's attempts (see fail()).
-        """
-        error = WorkerLost(f"worker {worker_id} handed it back before starting it")
-        jobs = self.running().filter(worker_id=worker_id, pk__in=pks)
-        return self._fail_each(jobs, FailureReason.RELEASED, error)
-
-    def settle_ended(
-        self,
-        worker_id: str,
-        *,
-        started: Collection[int],
-        reason: FailureReason,
-        error: BaseException,
-        timed_out: int | None = None,
-    ) -> int:
-        """Fail the attempts still running for a worker process that ended; return how many.
-
-        Its supervisor knows from the worker's ledger which attempts it `started`: those
-        fail as `reason` (the one killed at its deadline as a timeout, or as cancelled if
-        someone asked), and the others, never begun, are released.
-        """
-        failed = 0
-        for job in self.running().filter(worker_id=worker_id):
-            if job.pk == timed_out:
-                failed += self._fail_each([job], *stopped(job))
-            elif job.pk in started:
-                failed += self._fail_each([job], reason, error)
-            else:
-                failed += self.release(worker_id, [job.pk])
-        return failed
-
-    def time_out(self, worker_id: str, pk: int) -> int:
-        """Fail `worker_id`'s attempt `pk` as past its timeout (1), unless it has moved on (0)."""
-        jobs = self.running().filter(worker_id=worker_id, pk=pk)
-        return sum(self._fail_each([job], *stopped(job)) for job in jobs)
-
-    def _fail_each(
-        self,
-        jobs: Iterable[Job],
-        reason: FailureReason,
-        error: BaseException,
-        *,
-        skip_locked: bool = False,
-    ) -> int:
-        """Fail each of `jobs` that is still where it was; return how many.
-
-        With `skip_locked` (PostgreSQL), pass over a row that another transaction holds,
-        rather than wait for it: a worker cut off between its outcome's UPDATE and its
-        COMMIT holds the row until its connection is dropped, which for a host that never
-        comes back can take hours, and a rescuer must keep heartbeating meanwhile.
-        """
-        failed = 0
-        for job in jobs:
-            try:
-                locking = brief_transaction(job._state.db)
-                with locking if skip_locked else contextlib.nullcontext():
-                    if skip_locked and not self._lock_or_skip(job):
-                        continue  # its writer holds it; see again at the next rescue
-                    self.fail(job, reason, **describe_error(error))
-            except LostRace:
-                continue  # its worker finished it, or another rescuer got there first
-            logger.warning(
-                "Job %s attempt %d failed as %s: %s",
-                job.pk,
-                job.attempt,
-                reason,
-                error,
-                extra=job_fields(job, "job.settled", failure_reason=reason.value),
-            )
-            if metrics.recorder is not None:
-                metrics.recorder.finished(job)
-            failed += 1
-        return failed
-
-    def _lock_or_skip(self, job: Job) -> bool:
-        """Lock `job`'s row unless another transaction holds it (SQLite: no row locks, and
-        a read before the write would ask for a lock upgrade, so nothing to do)."""
-        db = job._state.db or router.db_for_write(self.model)
-        if not connections[db].features.has_select_for_update_skip_locked:
-            return True
-        row = self.using(db).filter(pk=job.pk).select_for_update(skip_locked=True)
-        return bool(list(row.values_list("pk", flat=True)))
