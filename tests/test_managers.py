@@ -13,7 +13,7 @@ import uuid
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import IntegrityError, connection, connections, transaction
+from django.db import IntegrityError, OperationalError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -30,6 +30,7 @@ from django_jobstate.states import (
 from django_jobstate.wakeup import CHANNEL
 from tests import tasks
 from tests.conftest import ROOT, skewed_env, subprocess_env
+from tests.dbfaults import ends_the_connection
 from tests.factories import JobFactory
 from tests.models import Execution
 
@@ -251,6 +252,20 @@ def test_cancel_fails_a_queued_attempt_as_cancelled_and_keeps_it():
     assert row.cancel_requested_at is not None
     assert row.error_class == "django_jobstate.exceptions.JobCancelled"
     assert Job.objects.filter(result_id=queued.result_id).count() == 1  # never retried
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="ends a PostgreSQL backend")
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_cut_off_after_its_update_changed_nothing_and_can_be_made_again():
+    queued = JobFactory()
+    # The server goes away after the UPDATE, before the cancel has read the row back: the
+    # caller gets the error, and the row and `queued` both still say queued.
+    ends = ends_the_connection("after", 'UPDATE "django_jobstate_job"', FailureReason.CANCELLED)
+    with connection.execute_wrapper(ends), pytest.raises(OperationalError):
+        Job.objects.cancel(queued)
+    assert queued.state == Job.objects.get(pk=queued.pk).state == State.QUEUED
+
+    assert Job.objects.cancel(queued) == CancelOutcome.CANCELLED
 
 
 def test_cancel_asks_a_running_attempt_to_stop_and_leaves_a_finished_one():

@@ -18,6 +18,7 @@ from django_jobstate.states import FailureReason, State
 from django_jobstate.wakeup import Waiter
 from django_jobstate.worker import Worker
 from tests import tasks
+from tests.dbfaults import end_this_connection, ends_the_connection
 from tests.factories import JobFactory
 from tests.models import Execution
 from tests.tasks import always_fails, fails_once
@@ -411,42 +412,13 @@ def test_losing_the_database_before_the_body_starts_is_not_the_tasks_error():
     assert claimed.pk == retry.pk
     # The server ends this process's connection (a restart, a failover) just before the
     # worker reads the earlier attempts, which it does before the body of a retry starts.
-    admin = connection.get_new_connection(connection.get_connection_params())
-    admin.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
-    admin.close()
+    end_this_connection()
 
     Worker(worker_id="w").run_attempt(claimed)
 
     claimed.refresh_from_db()
     assert (claimed.state, claimed.return_value) == (State.SUCCEEDED, "again")
     assert executions() == ["again"]
-
-
-def ends_the_connection(when: str, statement: str, param: object = None, then: int = 0):
-    """An execute wrapper: the server ends this connection (a restart, a failover) just
-    `when` ("before", "after") the first statement that starts with `statement` (and has
-    `param` among its parameters) runs, or the statement `then` statements later."""
-    left: int | None = None  # once matched: statements to let run first
-
-    def wrapper(execute, sql, params, many, context):
-        nonlocal left
-        if left is None and sql.startswith(statement) and (param is None or param in params):
-            left = then
-        fire, left = left == 0, None if left is None else left - 1
-        if fire and when == "before":
-            end_this_connection()
-        result = execute(sql, params, many, context)
-        if fire and when == "after":
-            end_this_connection()
-        return result
-
-    return wrapper
-
-
-def end_this_connection() -> None:
-    admin = connection.get_new_connection(connection.get_connection_params())
-    admin.execute("SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid])
-    admin.close()
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="ends a PostgreSQL backend")

@@ -101,7 +101,8 @@ def brief_transaction(using: str | None) -> Iterator[None]:
     outermost = not connection.in_atomic_block
     with transaction.atomic(using=using):
         if outermost and connection.vendor == "postgresql":
-            idle = max(1, int(get_settings().LOST_AFTER * IDLE_IN_WRITE_SHARE * 1000))
+            idle = int(get_settings().LOST_AFTER * IDLE_IN_WRITE_SHARE * 1000)
+            idle = min(max(1, idle), 2**31 - 1)  # milliseconds, a PostgreSQL int (24 days)
             with connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",

@@ -21,7 +21,7 @@ from django.db.models.functions import Coalesce, Now
 from ..exceptions import JobCancelled, LostRace
 from ..states import FailureReason, State
 from ..wakeup import NOTIFY_CANCEL
-from .base import Writes, brief_transaction, describe_error
+from .base import Writes, brief_transaction, describe_error, writing
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -44,14 +44,15 @@ class Cancel(Writes):
         for _ in range(10):  # each lost race means the row moved forward: few rounds
             if job.state == State.QUEUED:
                 try:
-                    self._transition(
-                        job,
-                        State.FAILED,
-                        failure_reason=FailureReason.CANCELLED,
-                        cancel_requested_at=Now(),
-                        finished_at=Now(),
-                        **describe_error(JobCancelled("it was cancelled before it started")),
-                    )
+                    with writing(job):  # with the read back: both or neither
+                        self._transition(
+                            job,
+                            State.FAILED,
+                            failure_reason=FailureReason.CANCELLED,
+                            cancel_requested_at=Now(),
+                            finished_at=Now(),
+                            **describe_error(JobCancelled("it was cancelled before it started")),
+                        )
                 except LostRace:
                     pass
                 else:
