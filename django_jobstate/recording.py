@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
-from django.db import DatabaseError, InterfaceError, OperationalError, connections
+from django.db import DatabaseError, connections
 from django.tasks import Task
 from django.tasks.signals import task_finished
 from django.utils import timezone
@@ -21,7 +21,7 @@ from . import metrics
 from .backend import JobStateBackend, to_task_result
 from .exceptions import LostRace
 from .logs import job_fields
-from .managers import describe_error
+from .managers import connection_lost, describe_error
 from .models import Job
 from .states import State
 
@@ -30,7 +30,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_jobstate.worker")
 T = TypeVar("T")
-IDLE_IN_TRANSACTION_TIMEOUT = "25P03"  # PostgreSQL's SQLSTATE (an InternalError)
 
 
 class OutcomeWriter:
@@ -82,7 +81,7 @@ class OutcomeWriter:
             try:
                 return write()
             except DatabaseError as exc:
-                if not self._connection_lost(exc):
+                if not connection_lost(exc):
                     raise
                 logger.warning(
                     "Worker %s: database unavailable; retrying the write in %.1fs",
@@ -94,13 +93,6 @@ class OutcomeWriter:
                 connections[self.db].close()
                 time.sleep(delay)
                 delay = min(delay * 2, 5.0)
-
-    def _connection_lost(self, exc: DatabaseError) -> bool:
-        """Whether `exc` means the connection was lost: the database is away, or ended the
-        session (SQLSTATE 25P03: a write silent in its transaction, brief_transaction())."""
-        if isinstance(exc, OperationalError | InterfaceError):
-            return True
-        return getattr(exc.__cause__, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT
 
     def lost_race(self, job: Job, why: str) -> None:
         logger.warning(

@@ -8,7 +8,14 @@ behalf of a worker), cancel.py, progress.py (a running attempt's metadata) and p
 base.py holds the one state check and fence they share (Writes._transition).
 """
 
-from .base import class_path, describe_error, storable_text, timeout_error, writing
+from .base import (
+    class_path,
+    connection_lost,
+    describe_error,
+    storable_text,
+    timeout_error,
+    writing,
+)
 from .cancel import Cancel, CancelOutcome
 from .claim import Claim, ClaimKey, claim_key
 from .enqueue import ENQUEUE_CHUNK, Enqueue, uuid7
@@ -26,6 +33,7 @@ __all__ = [
     "check_metadata",
     "claim_key",
     "class_path",
+    "connection_lost",
     "describe_error",
     "storable_text",
     "timeout_error",

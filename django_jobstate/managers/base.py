@@ -10,7 +10,15 @@ from contextlib import contextmanager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from django.db import DEFAULT_DB_ALIAS, connections, models, transaction
+from django.db import (
+    DEFAULT_DB_ALIAS,
+    DatabaseError,
+    InterfaceError,
+    OperationalError,
+    connections,
+    models,
+    transaction,
+)
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
@@ -92,6 +100,15 @@ _JobManagerBase = models.Manager.from_queryset(JobQuerySet)
 # and no rescuer can fail an attempt whose row is held (it skips locked rows). Ours take
 # milliseconds; a writer that was only slow gets an error and writes again.
 IDLE_IN_WRITE_SHARE = 0.25
+IDLE_IN_TRANSACTION_TIMEOUT = "25P03"  # the SQLSTATE of that end (an InternalError)
+
+
+def connection_lost(exc: DatabaseError) -> bool:
+    """Whether `exc` means the connection was lost, so that the write may be made again
+    on a new one: the database is away, or it ended a transaction of ours left idle."""
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    return getattr(exc.__cause__, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT
 
 
 @contextmanager
@@ -133,7 +150,7 @@ def writing(job: Job, *, brief: bool = True) -> Iterator[None]:
 
 
 class Writes(_JobManagerBase["Job"]):
-    """The base of JobManager's parts (enqueue.py, claim.py, outcomes.py, prune.py)."""
+    """The base of JobManager's parts (enqueue.py, claim.py, outcomes.py, settle.py, ...)."""
 
     def _transition(self, job: Job, new: State, **values: Any) -> None:
         """Move `job` to `new` if it is still where this process last saw it.

@@ -20,12 +20,7 @@ from ..logs import job_fields
 from ..states import FailureReason, State, check_transition
 from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 from ..wakeup import NOTIFY_QUEUE, queue_payload
-from .base import (
-    Writes,
-    logger,
-    now_sql,
-    writing,
-)
+from .base import Writes, logger, now_sql, writing
 
 if TYPE_CHECKING:
     from ..models import Job
