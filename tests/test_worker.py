@@ -464,7 +464,7 @@ def test_an_atomic_task_whose_commit_loses_the_database_fails_and_is_retried():
 @pytest.mark.django_db(transaction=True)
 def test_a_writer_silent_inside_its_outcome_write_lets_go_of_the_row(settings, caplog):
     # A host cut off (or dead) after its failure's UPDATE, before its COMMIT: the server
-    # ends that transaction after a quarter of LOST_AFTER (here 0.5 s), so that a rescuer,
+    # ends that transaction after half of LOST_AFTER (here 1 s), so that a rescuer,
     # which skips locked rows, can fail the attempt long before TCP would give up.
     settings.JOBSTATE_LOST_AFTER = 2.0
     first = always_fails.enqueue("x")

@@ -97,9 +97,11 @@ _JobManagerBase = models.Manager.from_queryset(JobQuerySet)
 # rescue, a cancel request) once its client has been silent in it for this share of
 # JOBSTATE_LOST_AFTER. A host cut off, or dead, between such a write and its COMMIT would
 # hold the rows until the server drops its connection (when TCP gives up: up to hours),
-# and no rescuer can fail an attempt whose row is held (it skips locked rows). Ours take
-# milliseconds; a writer that was only slow gets an error and writes again.
-IDLE_IN_WRITE_SHARE = 0.25
+# and no rescuer can fail an attempt whose row is held (it skips locked rows). Below 1,
+# the rows are free before the host's silence makes its attempts lost, so the rescue is
+# not delayed; ours take milliseconds, and a writer that was only slow gets an error and
+# writes again.
+IDLE_IN_WRITE_SHARE = 0.5
 IDLE_IN_TRANSACTION_TIMEOUT = "25P03"  # the SQLSTATE of that end (an InternalError)
 
 

@@ -123,7 +123,7 @@ class Settle(Outcomes):
 
         With `skip_locked` (PostgreSQL), pass over a row that another transaction holds,
         rather than wait for it: a rescuer must keep heartbeating. (A worker cut off
-        between its outcome's UPDATE and its COMMIT lets go of the row after a quarter of
+        between its outcome's UPDATE and its COMMIT lets go of the row after half of
         LOST_AFTER: brief_transaction().)
         """
         failed = 0
