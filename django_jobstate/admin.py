@@ -114,7 +114,7 @@ class JobAdmin(JobActions, admin.ModelAdmin):
     search_help_text = _("A job id, a result id, a worker id, or part of a task's path.")
     date_hierarchy = "enqueued_at"
     ordering = ["-id"]
-    actions = ["retry_jobs", "run_now", "cancel_jobs"]
+    actions = ["retry_jobs", "retry_jobs_cancelled_too", "run_now", "cancel_jobs"]
     # Never count the whole table: the paginator stops at SCAN_LIMIT, facets are off.
     paginator = CappedPaginator
     show_full_result_count = False

@@ -30,7 +30,7 @@ from .exceptions import JobAlreadyEnqueued, LostRace
 from .managers import CancelOutcome
 from .models import Job
 from .querysets import JobQuerySet
-from .states import LIVE_STATES, State
+from .states import LIVE_STATES, FailureReason, State
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -142,9 +142,29 @@ class JobActions(_Base):
         description=gettext_lazy("Retry the selected failed jobs"), permissions=["operate"]
     )
     def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+        """Retry each selected failure, but never a cancelled one: someone cancelled it so
+        that it would not run, and a bulk retry must not undo that by the way."""
+        return self.retry_selected(request, queryset, cancelled_too=False)
+
+    @admin.action(
+        description=gettext_lazy("Retry the selected failed jobs, cancelled ones included"),
+        permissions=["operate"],
+    )
+    def retry_jobs_cancelled_too(
+        self, request: HttpRequest, queryset: QuerySet[Job]
+    ) -> HttpResponse | None:
+        return self.retry_selected(request, queryset, cancelled_too=True)
+
+    def retry_selected(
+        self, request: HttpRequest, queryset: QuerySet[Job], *, cancelled_too: bool
+    ) -> HttpResponse | None:
         selected = self.selected_count(request, queryset)
-        retried, held = [], []
+        retried, held, cancelled = [], [], []
         for job in queryset:
+            # A failed row never changes again: its reason, read here, is final.
+            if job.failure_reason == FailureReason.CANCELLED and not cancelled_too:
+                cancelled.append(job)
+                continue
             try:
                 retried.append(self.retry_by_hand(request, job))
             except LostRace:
@@ -162,14 +182,34 @@ class JobActions(_Base):
         if len(retried) > MAX_NAMED:
             more = _("and %(more)d more") % {"more": len(retried) - MAX_NAMED}
             named = format_html("{} {}", named, more)
-        self.report(
-            request, verb, selected, len(retried), _("not failed, or already retried"), named
-        )
+        reason: str = _("not failed, or already retried")
+        if cancelled:
+            others = max(selected, len(retried)) - len(retried) - len(cancelled)
+            n = {"n": len(cancelled)}
+            parts = [_("%(n)d cancelled: this action never retries a cancel") % n]
+            reason = "; ".join([*parts, f"{others} {reason}"] if others > 0 else parts)
+        self.report(request, verb, selected, len(retried), reason, named)
+        if cancelled:
+            self.say_cancelled_skipped(request, cancelled)
         if held:
             message = _("Not retried, as another job holds the unique key: {jobs}.")
             jobs = format_html_join("; ", "{}", ((text,) for text in held[:MAX_NAMED]))
             self.message_user(request, format_html(message, jobs=jobs), messages.WARNING)
         return self.show_retried(request, retried)
+
+    def say_cancelled_skipped(self, request: HttpRequest, cancelled: list[Job]) -> None:
+        """Name the cancelled jobs a bulk retry left alone, and how to retry them anyway."""
+        jobs = format_html_join(", ", "{}", ((self.job_link(j),) for j in cancelled[:MAX_NAMED]))
+        if len(cancelled) > MAX_NAMED:
+            jobs = format_html(
+                "{} {}", jobs, _("and %(more)d more") % {"more": len(cancelled) - MAX_NAMED}
+            )
+        message = _(
+            "Not retried, as they were cancelled: {jobs}. To run a cancelled job again, use "
+            "the Retry button of its page, or the action \u201c{action}\u201d."
+        )
+        action = _("Retry the selected failed jobs, cancelled ones included")
+        self.message_user(request, format_html(message, jobs=jobs, action=action), messages.WARNING)
 
     def key_holder(self, exc: JobAlreadyEnqueued) -> SafeString:
         """Which job holds the unique key that a retry met, linked."""

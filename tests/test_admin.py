@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from django_jobstate import admin_filters
 from django_jobstate.models import Job, JobQueue
-from django_jobstate.states import State
+from django_jobstate.states import FailureReason, State
 from tests import tasks
 from tests.conftest import keep_a_worker_writing
 from tests.factories import JobFactory
@@ -255,6 +255,54 @@ def test_retry_of_an_older_attempt_is_skipped(client):
     response = run_action(client, "retry_jobs", first)
     assert "skipped 1" in messages_of(response)[0]
     assert Job.objects.filter(result_id=first.result_id).count() == 2
+
+
+def cancelled_jobs() -> tuple[Job, Job]:
+    """A task cancelled while queued, and one cancelled while it ran, by the real writes."""
+    queued = JobFactory.in_state(State.QUEUED)
+    running = JobFactory.in_state(State.RUNNING)
+    Job.objects.cancel(queued)
+    Job.objects.cancel(running)  # asked to stop; it stops, and fails as cancelled
+    Job.objects.fail(Job.objects.get(pk=running.pk), FailureReason.INTERRUPTED)
+    queued, running = Job.objects.get(pk=queued.pk), Job.objects.get(pk=running.pk)
+    assert [queued.failure_reason, running.failure_reason] == ["cancelled", "cancelled"]
+    return queued, running
+
+
+def test_bulk_retry_never_resurrects_a_cancel_and_says_so(client):
+    login(client, "view", "change")
+    cancelled = cancelled_jobs()
+    failed = JobFactory.in_state(State.FAILED)
+    response = run_action(client, "retry_jobs", *cancelled, failed)
+    new = Job.objects.get(previous=failed)
+    assert not Job.objects.filter(previous__in=cancelled).exists()
+    links = ", ".join(f'<a href="{change_url(j)}">job #{j.pk}</a>' for j in reversed(cancelled))
+    assert messages_of(response) == [
+        f'Queued a new attempt for 1 of 3 selected jobs: <a href="{change_url(new)}">'
+        f"job #{new.pk}</a> (attempt 2); skipped 2 (2 cancelled: this action never retries "
+        "a cancel).",
+        f"Not retried, as they were cancelled: {links}. To run a cancelled job again, use the "
+        "Retry button of its page, or the action \u201cRetry the selected failed jobs, "
+        "cancelled ones included\u201d.",
+    ]
+
+
+def test_a_cancel_is_retried_when_the_operator_asks_for_cancelled_ones(client):
+    login(client, "view", "change")
+    cancelled = cancelled_jobs()
+    response = run_action(client, "retry_jobs_cancelled_too", *cancelled)
+    assert "Queued a new attempt for 2 of 2 selected jobs" in messages_of(response)[0]
+    for job in cancelled:
+        assert Job.objects.get(previous=job).state == State.QUEUED
+
+
+def test_a_cancelled_jobs_page_still_offers_retry(client):
+    login(client, "view", "change")
+    queued, _running = cancelled_jobs()
+    page = client.get(change_url(queued)).content.decode()
+    assert f'action="{retry_url(queued)}"' in page
+    client.post(retry_url(queued))
+    assert Job.objects.get(previous=queued).state == State.QUEUED
 
 
 def failed_unique_job_and_its_newer_duplicate() -> tuple[Job, Job]:
