@@ -11,14 +11,12 @@ fails as cancelled, a running one is asked to stop. No job is ever deleted from 
 
 import json
 import uuid
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
@@ -32,12 +30,20 @@ from .admin_filters import (
     QueueFilter,
     TaskFilter,
     date_navigation,
-    local,
     state_counts,
 )
-from .admin_page import failure_html, page_context
+from .admin_page import (
+    JobChangeList,
+    attempt_label,
+    failure_html,
+    format_duration,
+    page_context,
+    short_datetime,
+    stuck_html,
+)
 from .models import Job
 from .states import State
+from .stuck import Concern, why_stuck
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -70,22 +76,6 @@ FIELDSETS = [
     ),
     (_("Options"), {"fields": ["max_attempts", "backoff", "timeout"]}),
 ]
-
-
-def format_duration(delta: timedelta) -> str:
-    seconds = delta.total_seconds()
-    if seconds < 60:
-        return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
-    minutes, seconds = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
-
-
-def short_datetime(value: datetime) -> str:
-    """Compact and to the second, for columns: '2025-06-01 14:03:07'."""
-    return date_format(local(value), "Y-m-d H:i:s")
 
 
 def pretty_json(value: Any) -> str:
@@ -142,16 +132,21 @@ class JobAdmin(JobActions, admin.ModelAdmin):
     def task(self, job: Job) -> str:
         return format_html('<span title="{}">{}</span>', job.task_path, job.task_name)
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[JobChangeList]:
+        return JobChangeList
+
     @admin.display(description=_("state"), ordering="state")
     def state_badge(self, job: Job) -> str:
         badge = format_html(
             '<span class="jobstate-badge jobstate-{}">{}</span>', job.state, job.get_state_display()
         )
-        if job.state == State.RUNNING and job.cancel_requested_at is not None:
+        marks = why_stuck(job)
+        overdue = Concern.CANCEL_OVERDUE in {mark.concern for mark in marks}
+        if job.state == State.RUNNING and job.cancel_requested_at is not None and not overdue:
             ago = format_duration(timezone.now() - job.cancel_requested_at)
             note = _("cancel requested %(ago)s ago") % {"ago": ago}
-            return format_html('{} <span class="jobstate-cancel">{}</span>', badge, note)
-        return badge
+            badge = format_html('{} <span class="jobstate-cancel">{}</span>', badge, note)
+        return format_html("{} {}", badge, stuck_html(marks)) if marks else badge
 
     @admin.display(description=_("failure"))
     def failure(self, job: Job) -> str | None:
@@ -159,7 +154,7 @@ class JobAdmin(JobActions, admin.ModelAdmin):
 
     @admin.display(description=_("attempt"))
     def attempt_of(self, job: Job) -> str:
-        return f"{job.attempt}/{job.max_attempts}"
+        return attempt_label(job, getattr(job, "handed_back", 0))
 
     @admin.display(description=_("how queued"))
     def origin(self, job: Job) -> str:

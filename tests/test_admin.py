@@ -194,11 +194,11 @@ def test_actions_follow_the_change_and_delete_permissions(client):
         return {name for name, _label in form.fields["action"].choices if name} if form else set()
 
     login(client, "view", "change")
-    assert offered() == {"retry_jobs", "run_now"}
+    assert offered() == {"retry_jobs", "retry_jobs_cancelled_too", "run_now"}
     login(client, "view", "delete")
     assert offered() == {"cancel_jobs"}  # and never the stock bulk delete
     login(client, superuser=True)
-    assert offered() == {"retry_jobs", "run_now", "cancel_jobs"}
+    assert offered() == {"retry_jobs", "retry_jobs_cancelled_too", "run_now", "cancel_jobs"}
 
 
 def test_change_permission_alone_cannot_cancel(client):
