@@ -270,15 +270,23 @@ class JobStateBackend(BaseTaskBackend):
 
     def pause_queue(self, name: str, *, by: str = "") -> None:
         """Stop every worker from claiming queue `name`'s jobs until resume_queue(name);
-        stored in the database (survives restarts). Running jobs finish."""
-        from .models import JobQueue
+        stored in the database (survives restarts). Running jobs finish.
 
+        ValueError, naming the known queues, for a queue that no TASKS alias lists, that
+        has no queued job and was never paused: a typo would pause nothing.
+        """
+        from .models import JobQueue
+        from .queues import check_known
+
+        check_known(name)
         JobQueue.objects.pause(name, by=by or "code")
 
     def resume_queue(self, name: str, *, by: str = "") -> None:
-        """Let workers claim queue `name`'s jobs again."""
+        """Let workers claim queue `name`'s jobs again (ValueError as for pause_queue())."""
         from .models import JobQueue
+        from .queues import check_known
 
+        check_known(name)
         JobQueue.objects.resume(name, by=by or "code")
 
     def check(self, **kwargs: Any) -> list[CheckMessage]:

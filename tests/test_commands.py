@@ -413,12 +413,15 @@ def test_jobqueues_pauses_lists_and_resumes_saying_who():
     )
     assert JobQueue.objects.get(name="emails").changed_by == "ops"
     assert Job.objects.claim("w", queues=["emails"]) == []
-    [listed] = json.loads(run("jobqueues", "list", "--json"))
+    listed = json.loads(run("jobqueues", "list", "--json"))
+    assert [q["name"] for q in listed] == ["default", "emails", "reports"]  # all of TASKS'
+    listed = listed[1]
     assert (listed["name"], listed["paused"], listed["queued"]) == ("emails", True, 2)
     assert listed["changed_by"] == "ops"
     lines = run("jobqueues", "list").splitlines()
     assert lines[0].split() == ["queue", "status", "queued", "running", "changed", "by"]
-    assert lines[1].split()[:3] == ["emails", "PAUSED", "since"]
+    assert lines[1].split() == ["default", "running", "0", "0", "-"]
+    assert lines[2].split()[:3] == ["emails", "PAUSED", "since"]
 
     assert run("jobqueues", "resume", "emails") == "Queue 'emails' resumed.\n"
     assert JobQueue.objects.get(name="emails").changed_by.startswith("cli:")
