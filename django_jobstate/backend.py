@@ -143,6 +143,7 @@ _NOT_INSTALLED = (
     "TASKS[{alias!r}] uses JobStateBackend, but django_jobstate is not in INSTALLED_APPS, "
     "so it has no table to store jobs in."
 )
+_INSTALL = "Add 'django_jobstate' to INSTALLED_APPS and run migrate."
 
 
 class JobStateBackend(BaseTaskBackend):
@@ -153,6 +154,13 @@ class JobStateBackend(BaseTaskBackend):
     supports_priority = True
 
     def validate_task(self, task: Task) -> None:
+        # E003 at the task's definition too: Django runs no check of TASKS unless something
+        # imported django.tasks before the checks began, so a project that imports its
+        # tasks only from its URLconf would otherwise learn of it at the first enqueue().
+        if apps.apps_ready and not apps.is_installed("django_jobstate"):
+            raise ImproperlyConfigured(
+                f"{_NOT_INSTALLED.format(alias=self.alias)} {_INSTALL} (django_jobstate.E003)"
+            )
         validate_queue(self, task)
         super().validate_task(task)
         validate_options(task)
@@ -295,7 +303,7 @@ class JobStateBackend(BaseTaskBackend):
         return [
             Error(
                 _NOT_INSTALLED.format(alias=self.alias),
-                hint="Add 'django_jobstate' to INSTALLED_APPS and run migrate.",
+                hint=_INSTALL,
                 id="django_jobstate.E003",
             )
         ]
