@@ -1,7 +1,7 @@
 """The admin as an operations console: every job visible, no state written by hand.
 
 States move only through the conditional writes in managers/. No form saves anything;
-the actions (admin_actions.py) call those writes.
+the actions (admin_actions.py, admin_retry.py) call those writes.
 
 Permissions: `view_job` shows jobs. `change_job` allows the Retry and Run now actions (the
 job page stays read-only for everyone, superusers included). `delete_job` allows cancelling
@@ -22,7 +22,6 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
 from . import admin_schedules  # noqa: F401  (registers the Schedule admin)
-from .admin_actions import JobActions
 from .admin_filters import (
     CappedPaginator,
     FailureReasonFilter,
@@ -41,6 +40,7 @@ from .admin_page import (
     short_datetime,
     stuck_html,
 )
+from .admin_retry import RetryActions
 from .models import Job
 from .states import State
 from .stuck import Concern, why_stuck
@@ -85,7 +85,7 @@ def pretty_json(value: Any) -> str:
 
 
 @admin.register(Job)
-class JobAdmin(JobActions, admin.ModelAdmin):
+class JobAdmin(RetryActions, admin.ModelAdmin):
     list_display = [
         "id",
         "task",

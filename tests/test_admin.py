@@ -949,9 +949,9 @@ def test_retry_action_of_several_jobs_lists_their_tasks_without_the_state_filter
 
 
 def test_retry_action_of_many_jobs_shows_the_list_without_the_state_filter(client, monkeypatch):
-    from django_jobstate import admin_actions
+    from django_jobstate import admin_retry
 
-    monkeypatch.setattr(admin_actions, "MAX_LISTED", 2)
+    monkeypatch.setattr(admin_retry, "MAX_LISTED", 2)
     login(client, "view", "change")
     failed = [JobFactory.in_state(State.FAILED, queue_name="emails") for _ in range(3)]
     response = run_action(
