@@ -1,7 +1,7 @@
 """The admin as an operations console: every job visible, no state written by hand.
 
 States move only through the conditional writes in managers/. No form saves anything;
-the actions (admin_actions.py) call those writes.
+the actions (admin_actions.py, admin_retry.py) call those writes.
 
 Permissions: `view_job` shows jobs. `change_job` allows the Retry and Run now actions (the
 job page stays read-only for everyone, superusers included). `delete_job` allows cancelling
@@ -11,20 +11,17 @@ fails as cancelled, a running one is asked to stop. No job is ever deleted from 
 
 import json
 import uuid
-from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, cast
 
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
-from django.utils.formats import date_format
 from django.utils.html import format_html
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
 from . import admin_schedules  # noqa: F401  (registers the Schedule admin)
-from .admin_actions import JobActions
 from .admin_filters import (
     CappedPaginator,
     FailureReasonFilter,
@@ -32,12 +29,21 @@ from .admin_filters import (
     QueueFilter,
     TaskFilter,
     date_navigation,
-    local,
     state_counts,
 )
-from .admin_page import failure_html, page_context
+from .admin_page import (
+    JobChangeList,
+    attempt_label,
+    failure_html,
+    format_duration,
+    page_context,
+    short_datetime,
+    stuck_html,
+)
+from .admin_retry import RetryActions
 from .models import Job
 from .states import State
+from .stuck import Concern, why_stuck
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -72,22 +78,6 @@ FIELDSETS = [
 ]
 
 
-def format_duration(delta: timedelta) -> str:
-    seconds = delta.total_seconds()
-    if seconds < 60:
-        return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
-    minutes, seconds = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes} min {seconds:02d} s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours} h {minutes:02d} min"
-
-
-def short_datetime(value: datetime) -> str:
-    """Compact and to the second, for columns: '2025-06-01 14:03:07'."""
-    return date_format(local(value), "Y-m-d H:i:s")
-
-
 def pretty_json(value: Any) -> str:
     return format_html(
         '<pre class="jobstate-pre">{}</pre>', json.dumps(value, indent=2, ensure_ascii=False)
@@ -95,7 +85,7 @@ def pretty_json(value: Any) -> str:
 
 
 @admin.register(Job)
-class JobAdmin(JobActions, admin.ModelAdmin):
+class JobAdmin(RetryActions, admin.ModelAdmin):
     list_display = [
         "id",
         "task",
@@ -114,7 +104,7 @@ class JobAdmin(JobActions, admin.ModelAdmin):
     search_help_text = _("A job id, a result id, a worker id, or part of a task's path.")
     date_hierarchy = "enqueued_at"
     ordering = ["-id"]
-    actions = ["retry_jobs", "run_now", "cancel_jobs"]
+    actions = ["retry_jobs", "retry_jobs_cancelled_too", "run_now", "cancel_jobs"]
     # Never count the whole table: the paginator stops at SCAN_LIMIT, facets are off.
     paginator = CappedPaginator
     show_full_result_count = False
@@ -142,16 +132,21 @@ class JobAdmin(JobActions, admin.ModelAdmin):
     def task(self, job: Job) -> str:
         return format_html('<span title="{}">{}</span>', job.task_path, job.task_name)
 
+    def get_changelist(self, request: HttpRequest, **kwargs: Any) -> type[JobChangeList]:
+        return JobChangeList
+
     @admin.display(description=_("state"), ordering="state")
     def state_badge(self, job: Job) -> str:
         badge = format_html(
             '<span class="jobstate-badge jobstate-{}">{}</span>', job.state, job.get_state_display()
         )
-        if job.state == State.RUNNING and job.cancel_requested_at is not None:
+        marks = why_stuck(job)
+        overdue = Concern.CANCEL_OVERDUE in {mark.concern for mark in marks}
+        if job.state == State.RUNNING and job.cancel_requested_at is not None and not overdue:
             ago = format_duration(timezone.now() - job.cancel_requested_at)
             note = _("cancel requested %(ago)s ago") % {"ago": ago}
-            return format_html('{} <span class="jobstate-cancel">{}</span>', badge, note)
-        return badge
+            badge = format_html('{} <span class="jobstate-cancel">{}</span>', badge, note)
+        return format_html("{} {}", badge, stuck_html(marks)) if marks else badge
 
     @admin.display(description=_("failure"))
     def failure(self, job: Job) -> str | None:
@@ -159,7 +154,7 @@ class JobAdmin(JobActions, admin.ModelAdmin):
 
     @admin.display(description=_("attempt"))
     def attempt_of(self, job: Job) -> str:
-        return f"{job.attempt}/{job.max_attempts}"
+        return attempt_label(job, getattr(job, "handed_back", 0))
 
     @admin.display(description=_("how queued"))
     def origin(self, job: Job) -> str:

@@ -6,13 +6,12 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.tasks import task_backends
 from django.utils.html import format_html
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from .backend import JobStateBackend
 from .models import Job, JobQueue
+from .queues import known_queues
 
 COUNT_CAP = 10_000  # counts stop there, as the job list's do
 
@@ -20,15 +19,6 @@ COUNT_CAP = 10_000  # counts stop there, as the job list's do
 def capped_count(jobs: QuerySet[Job]) -> str:
     count = jobs[: COUNT_CAP + 1].count()
     return f"{COUNT_CAP:,}+" if count > COUNT_CAP else f"{count:,}"
-
-
-def known_queues() -> set[str]:
-    """The queues with queued jobs, and those the TASKS aliases of this backend list."""
-    names = set(Job.objects.queue_names())
-    for backend in task_backends.all():
-        if isinstance(backend, JobStateBackend):
-            names |= set(backend.queues)
-    return names
 
 
 @admin.register(JobQueue)

@@ -143,6 +143,7 @@ _NOT_INSTALLED = (
     "TASKS[{alias!r}] uses JobStateBackend, but django_jobstate is not in INSTALLED_APPS, "
     "so it has no table to store jobs in."
 )
+_INSTALL = "Add 'django_jobstate' to INSTALLED_APPS and run migrate."
 
 
 class JobStateBackend(BaseTaskBackend):
@@ -153,6 +154,13 @@ class JobStateBackend(BaseTaskBackend):
     supports_priority = True
 
     def validate_task(self, task: Task) -> None:
+        # E003 at the task's definition too: Django runs no check of TASKS unless something
+        # imported django.tasks before the checks began, so a project that imports its
+        # tasks only from its URLconf would otherwise learn of it at the first enqueue().
+        if apps.apps_ready and not apps.is_installed("django_jobstate"):
+            raise ImproperlyConfigured(
+                f"{_NOT_INSTALLED.format(alias=self.alias)} {_INSTALL} (django_jobstate.E003)"
+            )
         validate_queue(self, task)
         super().validate_task(task)
         validate_options(task)
@@ -270,15 +278,23 @@ class JobStateBackend(BaseTaskBackend):
 
     def pause_queue(self, name: str, *, by: str = "") -> None:
         """Stop every worker from claiming queue `name`'s jobs until resume_queue(name);
-        stored in the database (survives restarts). Running jobs finish."""
-        from .models import JobQueue
+        stored in the database (survives restarts). Running jobs finish.
 
+        ValueError, naming the known queues, for a queue that no TASKS alias lists, that
+        has no queued job and was never paused: a typo would pause nothing.
+        """
+        from .models import JobQueue
+        from .queues import check_known
+
+        check_known(name)
         JobQueue.objects.pause(name, by=by or "code")
 
     def resume_queue(self, name: str, *, by: str = "") -> None:
-        """Let workers claim queue `name`'s jobs again."""
+        """Let workers claim queue `name`'s jobs again (ValueError as for pause_queue())."""
         from .models import JobQueue
+        from .queues import check_known
 
+        check_known(name)
         JobQueue.objects.resume(name, by=by or "code")
 
     def check(self, **kwargs: Any) -> list[CheckMessage]:
@@ -287,7 +303,7 @@ class JobStateBackend(BaseTaskBackend):
         return [
             Error(
                 _NOT_INSTALLED.format(alias=self.alias),
-                hint="Add 'django_jobstate' to INSTALLED_APPS and run migrate.",
+                hint=_INSTALL,
                 id="django_jobstate.E003",
             )
         ]

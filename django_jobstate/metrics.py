@@ -125,12 +125,26 @@ class DatabaseCollector:
             "Seconds the longest-waiting runnable job of each queue has been due.",
             labels=["queue"],
         )
+        paused_oldest = GaugeMetricFamily(
+            "jobstate_oldest_paused_age_seconds",
+            "Seconds the longest-waiting due job of each paused queue has been due: it waits "
+            "by an operator's choice, and is not in jobstate_oldest_runnable_age_seconds.",
+            labels=["queue"],
+        )
+        paused = GaugeMetricFamily(
+            "jobstate_queue_paused", "1 for a paused queue, 0 otherwise.", labels=["queue"]
+        )
         up = GaugeMetricFamily("jobstate_database_up", "Whether the scrape's queries worked.")
         try:
             for labels, value in live_counts():
                 jobs.add_metric(labels, value)
-            for queue, age in oldest_ages():
+            runnable, waiting, paused_names = queue_ages()
+            for queue, age in sorted(runnable.items()):
                 oldest.add_metric([queue], age)
+            for queue, age in sorted(waiting.items()):
+                paused_oldest.add_metric([queue], age)
+            for queue in sorted(_known_queues() | paused_names):
+                paused.add_metric([queue], int(queue in paused_names))
             up.add_metric([], 1)
         except DatabaseError:
             up.add_metric([], 0)
@@ -139,6 +153,8 @@ class DatabaseCollector:
                 connections[router.db_for_write(Job)].close()
         yield jobs
         yield oldest
+        yield paused_oldest
+        yield paused
         yield up
         if self.workers is not None:
             yield GaugeMetricFamily(
@@ -170,18 +186,27 @@ def live_counts() -> list[tuple[list[str], int]]:
     return [([q, str(s)], n) for (q, s), n in sorted(counts.items())]
 
 
-def oldest_ages() -> list[tuple[str, float]]:
-    """[(queue, seconds)] of each queue's longest-waiting runnable job (database clock)."""
+def queue_ages() -> tuple[dict[str, float], dict[str, float], set[str]]:
+    """Per queue, how long its longest-waiting due job has been due (database clock): for
+    unpaused queues ({queue: seconds}, 0 for a configured queue with none), for paused
+    ones apart (their jobs are not runnable), and the paused queues' names."""
     from django.db.models import Min
     from django.db.models.functions import Now
 
-    from .models import Job
+    from .models import Job, JobQueue
 
-    rows = Job.objects.runnable().order_by().values_list("queue_name")
-    ages = dict.fromkeys(_known_queues(), 0.0)
+    paused = JobQueue.objects.paused_names()
+    runnable = dict.fromkeys(_known_queues(), 0.0)
+    waiting = dict.fromkeys(paused, 0.0)
+    rows = Job.objects.due().order_by().values_list("queue_name")
     for queue, age in rows.annotate(age=Now() - Min("run_after")):
-        ages[queue] = max(0.0, age.total_seconds())
-    return sorted(ages.items())
+        (waiting if queue in paused else runnable)[queue] = max(0.0, age.total_seconds())
+    return runnable, waiting, paused
+
+
+def oldest_ages() -> list[tuple[str, float]]:
+    """[(queue, seconds)] of each queue's longest-waiting runnable job (database clock)."""
+    return sorted(queue_ages()[0].items())
 
 
 class Exporter:

@@ -30,8 +30,16 @@ class JobQuerySet(models.QuerySet["Job"]):
     def terminal(self) -> JobQuerySet:
         return self.filter(state__in=TERMINAL_STATES)
 
-    def runnable(self, queues: Iterable[str] | None = None) -> JobQuerySet:
+    def due(self, queues: Iterable[str] | None = None) -> JobQuerySet:
+        """Queued jobs whose time has come, paused queues' included."""
         return self.queued().filter(run_after__lte=Now()).for_queues(queues)
+
+    def runnable(self, queues: Iterable[str] | None = None) -> JobQuerySet:
+        """Due jobs that a worker may claim: not those of a paused queue."""
+        from .models import JobQueue
+
+        paused = JobQueue.objects.filter(paused_at__isnull=False).values("name")
+        return self.due(queues).exclude(queue_name__in=paused)
 
     def for_queues(self, queues: Iterable[str] | None) -> JobQuerySet:
         """The jobs of those queues (None: of every queue)."""
@@ -72,8 +80,16 @@ class JobQuerySet(models.QuerySet["Job"]):
 
     def oldest_runnable_age(self) -> float | None:
         """Seconds the longest-waiting runnable job has been due (database clock), or None."""
-        age = self.runnable().aggregate(age=Now() - models.Min("run_after"))["age"]
-        return None if age is None else max(0.0, age.total_seconds())
+        return _oldest_age(self.runnable())
+
+    def paused_backlog(self) -> tuple[int, float | None]:
+        """How many due jobs wait in paused queues, and for how long the oldest has (None
+        if none): waiting by an operator's choice, not runnable."""
+        from .models import JobQueue
+
+        paused = JobQueue.objects.filter(paused_at__isnull=False).values("name")
+        jobs = self.due().filter(queue_name__in=paused)
+        return jobs.count(), _oldest_age(jobs)
 
     def stats(self, lost_after: float) -> dict[str, Any]:
         """Describe the queues and the workers, in the shape `jobstats --json` prints.
@@ -112,6 +128,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             )
         workers.sort(key=lambda worker: worker["worker_id"])
         age = self.oldest_runnable_age()
+        paused_due, paused_age = self.paused_backlog()
         from .models import JobQueue
 
         return {
@@ -119,6 +136,14 @@ class JobQuerySet(models.QuerySet["Job"]):
             "paused_queues": sorted(JobQueue.objects.paused_names()),
             "cancel_requested": self.running().filter(cancel_requested_at__isnull=False).count(),
             "oldest_runnable_age_seconds": None if age is None else round(age, 3),
+            "paused_due": paused_due,
+            "oldest_paused_age_seconds": None if paused_age is None else round(paused_age, 3),
             "workers": workers,
             "lost_workers": sum(worker["lost"] for worker in workers),
         }
+
+
+def _oldest_age(jobs: JobQuerySet) -> float | None:
+    """Seconds the longest-waiting of due `jobs` has been due (database clock), or None."""
+    age = jobs.aggregate(age=Now() - models.Min("run_after"))["age"]
+    return None if age is None else max(0.0, age.total_seconds())

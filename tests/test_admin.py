@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from django_jobstate import admin_filters
 from django_jobstate.models import Job, JobQueue
-from django_jobstate.states import State
+from django_jobstate.states import FailureReason, State
 from tests import tasks
 from tests.conftest import keep_a_worker_writing
 from tests.factories import JobFactory
@@ -194,11 +194,11 @@ def test_actions_follow_the_change_and_delete_permissions(client):
         return {name for name, _label in form.fields["action"].choices if name} if form else set()
 
     login(client, "view", "change")
-    assert offered() == {"retry_jobs", "run_now"}
+    assert offered() == {"retry_jobs", "retry_jobs_cancelled_too", "run_now"}
     login(client, "view", "delete")
     assert offered() == {"cancel_jobs"}  # and never the stock bulk delete
     login(client, superuser=True)
-    assert offered() == {"retry_jobs", "run_now", "cancel_jobs"}
+    assert offered() == {"retry_jobs", "retry_jobs_cancelled_too", "run_now", "cancel_jobs"}
 
 
 def test_change_permission_alone_cannot_cancel(client):
@@ -255,6 +255,54 @@ def test_retry_of_an_older_attempt_is_skipped(client):
     response = run_action(client, "retry_jobs", first)
     assert "skipped 1" in messages_of(response)[0]
     assert Job.objects.filter(result_id=first.result_id).count() == 2
+
+
+def cancelled_jobs() -> tuple[Job, Job]:
+    """A task cancelled while queued, and one cancelled while it ran, by the real writes."""
+    queued = JobFactory.in_state(State.QUEUED)
+    running = JobFactory.in_state(State.RUNNING)
+    Job.objects.cancel(queued)
+    Job.objects.cancel(running)  # asked to stop; it stops, and fails as cancelled
+    Job.objects.fail(Job.objects.get(pk=running.pk), FailureReason.INTERRUPTED)
+    queued, running = Job.objects.get(pk=queued.pk), Job.objects.get(pk=running.pk)
+    assert [queued.failure_reason, running.failure_reason] == ["cancelled", "cancelled"]
+    return queued, running
+
+
+def test_bulk_retry_never_resurrects_a_cancel_and_says_so(client):
+    login(client, "view", "change")
+    cancelled = cancelled_jobs()
+    failed = JobFactory.in_state(State.FAILED)
+    response = run_action(client, "retry_jobs", *cancelled, failed)
+    new = Job.objects.get(previous=failed)
+    assert not Job.objects.filter(previous__in=cancelled).exists()
+    links = ", ".join(f'<a href="{change_url(j)}">job #{j.pk}</a>' for j in reversed(cancelled))
+    assert messages_of(response) == [
+        f'Queued a new attempt for 1 of 3 selected jobs: <a href="{change_url(new)}">'
+        f"job #{new.pk}</a> (attempt 2); skipped 2 (2 cancelled: this action never retries "
+        "a cancel).",
+        f"Not retried, as they were cancelled: {links}. To run a cancelled job again, use the "
+        "Retry button of its page, or the action \u201cRetry the selected failed jobs, "
+        "cancelled ones included\u201d.",
+    ]
+
+
+def test_a_cancel_is_retried_when_the_operator_asks_for_cancelled_ones(client):
+    login(client, "view", "change")
+    cancelled = cancelled_jobs()
+    response = run_action(client, "retry_jobs_cancelled_too", *cancelled)
+    assert "Queued a new attempt for 2 of 2 selected jobs" in messages_of(response)[0]
+    for job in cancelled:
+        assert Job.objects.get(previous=job).state == State.QUEUED
+
+
+def test_a_cancelled_jobs_page_still_offers_retry(client):
+    login(client, "view", "change")
+    queued, _running = cancelled_jobs()
+    page = client.get(change_url(queued)).content.decode()
+    assert f'action="{retry_url(queued)}"' in page
+    client.post(retry_url(queued))
+    assert Job.objects.get(previous=queued).state == State.QUEUED
 
 
 def failed_unique_job_and_its_newer_duplicate() -> tuple[Job, Job]:
@@ -901,9 +949,9 @@ def test_retry_action_of_several_jobs_lists_their_tasks_without_the_state_filter
 
 
 def test_retry_action_of_many_jobs_shows_the_list_without_the_state_filter(client, monkeypatch):
-    from django_jobstate import admin_actions
+    from django_jobstate import admin_retry
 
-    monkeypatch.setattr(admin_actions, "MAX_LISTED", 2)
+    monkeypatch.setattr(admin_retry, "MAX_LISTED", 2)
     login(client, "view", "change")
     failed = [JobFactory.in_state(State.FAILED, queue_name="emails") for _ in range(3)]
     response = run_action(

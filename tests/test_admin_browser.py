@@ -7,12 +7,14 @@ where it fails: CI installs them (.ci/run) and must not skip.
 
 import os
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission, User
+from django.utils import timezone
 
-from django_jobstate.models import Job
+from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import State
 from tests.factories import JobFactory
 
@@ -225,6 +227,46 @@ def test_retry_button_on_a_failed_jobs_page(browser, live_server):
     note = driver.find_element(By.CSS_SELECTOR, ".jobstate-note").text
     assert note == f"Retry is not offered: attempt 2 (job #{new.pk}) is queued.", note
     assert not driver.find_elements(By.CSS_SELECTOR, "button.jobstate-retry")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stuck_attempt_is_marked_where_the_operator_looks(browser, live_server, settings):
+    from selenium.webdriver.common.by import By
+
+    # Silent after 3 minutes, whatever a loaded machine makes of the page loads.
+    settings.JOBSTATE_HEARTBEAT_INTERVAL = 60.0
+    settings.JOBSTATE_LOST_AFTER = 600.0
+    driver = browser
+    User.objects.create_superuser("operator", password="s3cret-pw")
+    long_ago = timezone.now() - timedelta(minutes=5)
+    WorkerHeartbeat.objects.create(
+        worker_id="web-1:99", host="web-1", pid=99, started_at=long_ago, last_seen=long_ago
+    )
+    stuck = JobFactory.in_state(State.RUNNING, worker_id="web-1:99", started_at=long_ago)
+    healthy = JobFactory.in_state(State.RUNNING, task_path="tests.tasks.email")
+    driver.get(f"{live_server.url}/admin/django_jobstate/job/")
+    driver.find_element(By.NAME, "username").send_keys("operator")
+    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+
+    [mark] = driver.find_elements(By.CSS_SELECTOR, "#result_list .jobstate-stuck")
+    assert mark.is_displayed()
+    assert "worker silent since" in mark.text
+    assert "(5 min" in mark.text
+    assert "JOBSTATE_LOST_AFTER" in mark.get_attribute("title")
+    assert mark.value_of_css_property("color") == mark.value_of_css_property("border-top-color")
+    row = mark.find_element(By.XPATH, "ancestor::tr")
+    assert row.find_element(By.LINK_TEXT, str(stuck.pk))
+    assert not driver.find_element(By.LINK_TEXT, str(healthy.pk)).find_elements(
+        By.XPATH, "ancestor::tr//*[contains(@class, 'jobstate-stuck')]"
+    )
+    screenshot(driver, "admin-stuck-attempt-list.png")
+
+    click_and_load(driver, row.find_element(By.LINK_TEXT, str(stuck.pk)))
+    mark = driver.find_element(By.CSS_SELECTOR, ".field-state_badge .jobstate-stuck")
+    assert mark.is_displayed()
+    assert "worker silent since" in mark.text
+    screenshot(driver, "admin-stuck-attempt-page.png")
 
 
 def test_a_missing_browser_skips_loudly_but_fails_under_ci(monkeypatch):

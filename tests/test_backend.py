@@ -1,6 +1,9 @@
 """The django.tasks adapter: enqueue as a Job row, get_result as a view over attempts."""
 
+import os
 import re
+import subprocess
+import sys
 import uuid
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -17,6 +20,7 @@ from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import InvalidPayload
 from django_jobstate.models import Job
 from django_jobstate.states import State
+from tests.conftest import ROOT
 from tests.factories import JobFactory
 from tests.tasks import aliased, email, not_a_task, record, with_options
 
@@ -358,6 +362,62 @@ def test_enqueue_without_the_app_says_so():
         pytest.raises(ImproperlyConfigured, match="django_jobstate is not in INSTALLED_APPS"),
     ):
         record.enqueue("nowhere to go")
+
+
+def test_a_task_of_an_alias_without_the_app_is_refused_at_its_definition():
+    with (
+        modify_settings(INSTALLED_APPS={"remove": ["django_jobstate"]}),
+        pytest.raises(ImproperlyConfigured, match=r"INSTALLED_APPS.*\(django_jobstate\.E003\)"),
+    ):
+        task(not_a_task)
+
+
+# A project without the app: its settings, and an app of its own. {imports} is what the app
+# imports at start-up; its URLconf imports its tasks, as views that enqueue them do.
+PROJECT = {
+    "noapp_settings.py": (
+        "SECRET_KEY = 'x'\n"
+        "INSTALLED_APPS = ['django.contrib.contenttypes', 'django.contrib.auth', 'shop']\n"
+        "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3', 'NAME': ':memory:'}}\n"
+        "ROOT_URLCONF = 'shop.urls'\n"
+        "TASKS = {'default': {'BACKEND': 'django_jobstate.backend.JobStateBackend'}}\n"
+    ),
+    "shop/__init__.py": "",
+    "shop/models.py": "{imports}",
+    "shop/tasks.py": "from django.tasks import task\n\n\n@task\ndef ship(order_id): ...\n",
+    "shop/urls.py": "from . import tasks  # noqa\n\nurlpatterns = []\n",
+}
+
+
+@pytest.mark.parametrize(
+    "imports",
+    [
+        "",  # nothing: the URL check imports the tasks, after Django chose which checks run
+        "import django.tasks\n",  # Django's check of TASKS runs, and the backend's check()
+    ],
+)
+def test_manage_py_check_reports_e003_without_the_app(tmp_path, imports):
+    for name, text in PROJECT.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text.replace("{imports}", imports))
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "noapp_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode != 0, output
+    assert "TASKS['default'] uses JobStateBackend, but django_jobstate is not in" in output
+    assert "django_jobstate.E003" in output
+    assert "Add 'django_jobstate' to INSTALLED_APPS and run migrate." in output
 
 
 @pytest.mark.django_db

@@ -290,6 +290,8 @@ def test_stats_of_an_empty_database():
         "paused_queues": [],
         "cancel_requested": 0,
         "oldest_runnable_age_seconds": None,
+        "paused_due": 0,
+        "oldest_paused_age_seconds": None,
         "workers": [],
         "lost_workers": 0,
     }
@@ -316,6 +318,27 @@ def test_oldest_runnable_age_ignores_jobs_not_yet_due():
     JobFactory.in_state(State.RUNNING, run_after=timezone.now() - timedelta(hours=5))
 
     assert 60 <= stats()["oldest_runnable_age_seconds"] < 70
+
+
+def test_a_paused_queues_due_jobs_are_not_runnable_and_are_counted_apart():
+    now = timezone.now()
+    JobFactory.in_state(State.QUEUED, queue_name="emails", run_after=now - timedelta(hours=1))
+    JobFactory.in_state(State.QUEUED, queue_name="emails", run_after=now - timedelta(seconds=9))
+    JobFactory.in_state(State.QUEUED, queue_name="emails", run_after=now + timedelta(hours=1))
+    JobFactory.in_state(State.QUEUED, run_after=now - timedelta(seconds=60))
+    JobQueue.objects.pause("emails")
+
+    result = stats()
+    assert 60 <= result["oldest_runnable_age_seconds"] < 3600
+    assert result["paused_due"] == 2  # not the one due in an hour
+    assert result["oldest_paused_age_seconds"] >= 3600
+    text = run("jobstats")
+    assert "The oldest runnable job has waited 1m " in text
+    assert "Paused queues hold 2 due jobs (not runnable); the oldest has waited 1h 0m." in text
+
+    JobQueue.objects.resume("emails")
+    assert stats()["oldest_runnable_age_seconds"] >= 3600
+    assert (stats()["paused_due"], stats()["oldest_paused_age_seconds"]) == (0, None)
 
 
 def test_workers_running_attempts_and_lost_workers():
@@ -413,12 +436,15 @@ def test_jobqueues_pauses_lists_and_resumes_saying_who():
     )
     assert JobQueue.objects.get(name="emails").changed_by == "ops"
     assert Job.objects.claim("w", queues=["emails"]) == []
-    [listed] = json.loads(run("jobqueues", "list", "--json"))
+    listed = json.loads(run("jobqueues", "list", "--json"))
+    assert [q["name"] for q in listed] == ["default", "emails", "reports"]  # all of TASKS'
+    listed = listed[1]
     assert (listed["name"], listed["paused"], listed["queued"]) == ("emails", True, 2)
     assert listed["changed_by"] == "ops"
     lines = run("jobqueues", "list").splitlines()
     assert lines[0].split() == ["queue", "status", "queued", "running", "changed", "by"]
-    assert lines[1].split()[:3] == ["emails", "PAUSED", "since"]
+    assert lines[1].split() == ["default", "running", "0", "0", "-"]
+    assert lines[2].split()[:3] == ["emails", "PAUSED", "since"]
 
     assert run("jobqueues", "resume", "emails") == "Queue 'emails' resumed.\n"
     assert JobQueue.objects.get(name="emails").changed_by.startswith("cli:")

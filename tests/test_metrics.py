@@ -7,20 +7,23 @@ import sys
 import time
 import urllib.request
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from django.db import connection
 from django.db.models import Count
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.metrics import live_counts, oldest_ages
-from django_jobstate.models import Job, WorkerHeartbeat
+from django_jobstate.models import Job, JobQueue, WorkerHeartbeat
 from django_jobstate.states import State
 from tests import tasks
 from tests.conftest import ROOT, subprocess_env
+from tests.factories import JobFactory
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -160,6 +163,30 @@ def test_the_view_serves_the_database_gauges(client, settings):
     assert found[("jobstate_database_up", ())] == 1
 
 
+def test_a_paused_queues_waiting_jobs_are_reported_apart_from_runnable_ones(client, settings):
+    settings.ROOT_URLCONF = "tests.urls"
+    now = timezone.now()
+    JobFactory(queue_name="emails", run_after=now - timedelta(hours=1))  # paused: waits
+    JobFactory(queue_name="default", run_after=now - timedelta(seconds=1))
+    JobFactory(queue_name="old", run_after=now - timedelta(hours=2))  # no longer configured
+    for queue in ["emails", "old"]:
+        JobQueue.objects.pause(queue)
+
+    found = samples(client.get(reverse("jobstate-metrics")).content.decode())
+
+    runnable = by(found, "jobstate_oldest_runnable_age_seconds", "queue")
+    assert runnable[("emails",)] == 0  # nothing runnable: a deliberate pause fires no alert
+    assert ("old",) not in runnable
+    assert 1 <= runnable[("default",)] < 3600
+    paused = by(found, "jobstate_oldest_paused_age_seconds", "queue")
+    assert set(paused) == {("emails",), ("old",)}
+    assert paused[("emails",)] >= 3600
+    assert paused[("old",)] >= 7200
+    flags = by(found, "jobstate_queue_paused", "queue")
+    assert flags == Counter({("emails",): 1, ("old",): 1})  # 0 for the others
+    assert set(flags) == {("default",), ("emails",), ("reports",), ("old",)}
+
+
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's planner")
 def test_the_gauges_read_live_rows_from_their_partial_indexes_never_history():
     backend = JobStateBackend("default", {})
@@ -186,7 +213,7 @@ def test_the_gauges_read_live_rows_from_their_partial_indexes_never_history():
                 stack.extend(node.get("Plans", []))
                 if node.get("Relation Name") == Job._meta.db_table:
                     scans.add((node["Node Type"], node.get("Index Name")))
-    assert len(queries) == 3
+    assert len(queries) == 4  # and the paused queues' names, from their own small table
     assert {index for _, index in scans} == {"jobstate_job_runnable", "jobstate_job_running"}
     assert not any(kind == "Seq Scan" for kind, _ in scans)
 

@@ -1,5 +1,6 @@
 """Pausing and resuming queues, and claims that never pay for another queue's backlog."""
 
+import io
 import logging
 import signal
 import threading
@@ -7,8 +8,10 @@ import time
 from datetime import timedelta
 
 import pytest
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.tasks import task_backends
+from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -192,3 +195,37 @@ def test_a_pause_while_four_workers_drain_stops_that_queue_only_and_survives_a_r
     wait_for(lambda: not Job.objects.live().exists(), timeout=120)
     assert default.filter(state=State.SUCCEEDED).count() == 1500
     assert proc.poll() is None
+
+
+# Which names a pause may name.
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("action", ["pause", "resume"])
+def test_a_queue_nobody_knows_is_refused_with_the_known_ones(action):
+    JobFactory(queue_name="imports")  # no alias lists it, but a job waits in it
+    known = "Known queues: default, emails, imports, reports."
+    with pytest.raises(CommandError, match=f"No queue is named 'emials'.*{known}"):
+        call_command("jobqueues", action, "emials", stdout=io.StringIO())
+    with pytest.raises(ValueError, match=f"No queue is named 'emials'.*{known}"):
+        getattr(backend(), f"{action}_queue")("emials")
+    assert not JobQueue.objects.exists()  # nothing written
+
+
+@pytest.mark.django_db
+def test_a_queue_removed_from_the_settings_stays_pausable_and_resumable():
+    job = JobFactory(queue_name="imports")  # queued before "imports" left TASKS' QUEUES
+    backend().pause_queue("imports")
+    Job.objects.cancel(job)  # its last job is gone: only the pause remains of it
+    out = io.StringIO()
+    call_command("jobqueues", "resume", "imports", stdout=out)
+    assert out.getvalue() == "Queue 'imports' resumed.\n"
+    assert not JobQueue.objects.get(name="imports").paused
+
+
+@pytest.mark.django_db
+def test_an_alias_that_lists_no_queues_accepts_any_name():
+    tasks = {"default": {"BACKEND": "django_jobstate.backend.JobStateBackend", "QUEUES": []}}
+    with override_settings(TASKS=tasks):
+        backend().pause_queue("anything")
+    assert JobQueue.objects.get(name="anything").paused

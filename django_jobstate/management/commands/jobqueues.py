@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_jobstate.models import Job, JobQueue
+from django_jobstate.queues import check_known, configured_queues
 from django_jobstate.states import State
 
 from .jobstats import table
@@ -15,7 +16,9 @@ from .jobstats import table
 
 class Command(BaseCommand):
     help = (
-        "List the queues (queued and running jobs, paused or not), or pause or resume one. "
+        "List the queues (every queue TASKS lists, and any other with jobs or paused: queued "
+        "and running jobs, paused or not), or pause or resume one (a name no queue has is "
+        "an error that lists the known ones). "
         "A paused queue's jobs are not claimed by any worker until it is resumed; running "
         "jobs finish. The pause is stored in the database: it holds across restarts."
     )
@@ -35,6 +38,7 @@ class Command(BaseCommand):
             return
         name, by = options["name"], options["by"] or f"cli:{getpass.getuser()}"
         try:
+            check_known(name)
             if options["action"] == "pause":
                 JobQueue.objects.pause(name, by=by)
             else:
@@ -47,8 +51,9 @@ class Command(BaseCommand):
     def list(self, *, as_json: bool) -> None:
         counts = Job.objects.live().counts_by_queue()
         rows = {queue.name: queue for queue in JobQueue.objects.all()}
+        configured, _open_ended = configured_queues()
         queues = []
-        for name in sorted(set(counts) | set(rows)):
+        for name in sorted(set(counts) | set(rows) | configured):
             row = rows.get(name)
             paused_at = row.paused_at if row is not None else None
             queues.append(

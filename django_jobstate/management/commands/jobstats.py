@@ -19,7 +19,9 @@ class Command(BaseCommand):
         "JOBSTATE_LOST_AFTER seconds is lost. --json prints one object: "
         '{"queues": {QUEUE: {"queued": N, "running": N, "succeeded": N, "failed": N}}, '
         '"paused_queues": [QUEUE], "cancel_requested": N (running attempts asked to stop), '
-        '"oldest_runnable_age_seconds": SECONDS or null, "workers": [{"worker_id": ID, '
+        '"oldest_runnable_age_seconds": SECONDS or null (jobs of paused queues are not '
+        'runnable: they are counted apart), "paused_due": N (due jobs waiting in paused '
+        'queues), "oldest_paused_age_seconds": SECONDS or null, "workers": [{"worker_id": ID, '
         '"host": HOST, "pid": PID, "last_seen_age_seconds": SECONDS, "lost": BOOL, '
         '"running": N}], "lost_workers": N}. A worker with running attempts but no '
         "heartbeat has host, pid and last_seen_age_seconds null, and is lost."
@@ -50,6 +52,11 @@ class Command(BaseCommand):
             if oldest is None
             else f"\nThe oldest runnable job has waited {duration(oldest)}."
         )
+        if stats["paused_due"]:
+            self.stdout.write(
+                f"Paused queues hold {stats['paused_due']} due jobs (not runnable); the oldest "
+                f"has waited {duration(stats['oldest_paused_age_seconds'])}."
+            )
         workers = [
             [
                 worker["worker_id"],
