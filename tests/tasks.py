@@ -214,6 +214,13 @@ def raises(kind: str) -> None:
     raise Unprintable()
 
 
+@task
+async def async_raises_unprintable() -> None:
+    """An async task whose error has no str()."""
+    await asyncio.sleep(0)
+    raise Unprintable()
+
+
 @task(takes_context=True, max_attempts=2, backoff=0, atomic=True)
 def writes_atomically(context: TaskContext, label: str, seconds: float) -> int:
     """Write a row, then sleep on the first attempt: a zombie's write must roll back."""
