@@ -450,6 +450,32 @@ async def async_never_returns(label: str) -> None:
     await asyncio.sleep(3600)
 
 
+@task
+async def async_waits_for_file(path: str) -> str:
+    """Touches nothing in the database: returns once `path` exists."""
+    while not os.path.exists(path):
+        await asyncio.sleep(0.01)
+    return path
+
+
+@task
+def waits_for_file(path: str) -> str:
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return path
+
+
+@task(timeout=5)
+async def async_overruns_and_says_so(started: str, cancelled: str) -> None:
+    """Runs past its timeout; writes files, not rows, so a locked database cannot hold it."""
+    Path(started).touch()
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        Path(cancelled).touch()
+        raise
+
+
 @task(takes_context=True)
 async def async_reports_progress(context: JobStateContext, steps: int) -> int:
     for step in range(1, steps + 1):
