@@ -459,6 +459,16 @@ async def async_waits_for_file(path: str) -> str:
 
 
 @task
+def shows_settings(names: list[str]) -> dict[str, str]:
+    """The PostgreSQL settings `names` of the connection the task runs on (its worker's)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", [names])
+        return dict(cursor.fetchall())
+
+
+@task
 def waits_for_file(path: str) -> str:
     while not os.path.exists(path):
         time.sleep(0.01)
