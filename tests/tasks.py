@@ -178,6 +178,18 @@ def marks_its_body(context: TaskContext, label: str, seconds: float) -> int:
     return context.attempt
 
 
+@task(takes_context=True, atomic=True)
+def holds_its_row(context: TaskContext, label: str, seconds: float) -> int:
+    """An atomic task that saves its progress (its job row stays locked until the body's
+    transaction commits), marks its start in a file, then sleeps `seconds`."""
+    context.metadata["step"] = 1
+    context.save_metadata()  # type: ignore[attr-defined]
+    name = f"{label}.{context.attempt}.{os.environ['JOBSTATE_TEST_HOST']}.{os.getpid()}"
+    (Path(os.environ["JOBSTATE_TEST_MARKS"]) / f"{name}.start").touch(exist_ok=False)
+    time.sleep(seconds)
+    return context.attempt
+
+
 def _hold_the_interpreter(seconds: float) -> None:
     """Sleep in C without releasing the GIL, as a catastrophic regular expression or many
     C extensions do: no other thread of this process runs meanwhile."""
