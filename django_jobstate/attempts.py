@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from django.tasks.signals import task_started
 from .backend import JobStateBackend, load_task, to_task_result
 from .context import JobStateContext
 from .exceptions import JobCancelled, JobTimeout
+from .logs import job_fields
 from .managers import writing
 from .models import Job
 from .payload import encode_payload
@@ -30,6 +32,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from .ledger import Ledger
+
+logger = logging.getLogger("django_jobstate.worker")
 
 # With --in-flight, how long past its deadline an async task, which the worker cancels
 # itself, may take to end before the supervisor stops the whole process (inflight.py).
@@ -123,7 +127,14 @@ class AttemptRunner:
                 f"the attempt ran past its timeout of {job.timeout:g} seconds ({duration:.1f} s)"
             )
         if span:
-            span.finish(outcome.error, outcome.reason)
+            try:
+                span.finish(outcome.error, outcome.reason)
+            except Exception:  # a tracer's fault must never keep an outcome from its write
+                logger.exception(
+                    "Job %s: its tracing span could not be ended",
+                    job.pk,
+                    extra=job_fields(job, "job.span_failed"),
+                )
         return outcome
 
     def learn(self, outcome: Outcome) -> None:

@@ -6,13 +6,15 @@ With --in-flight N a worker keeps up to N attempts running: async tasks on one e
 usual loop (worker.py): claims as many jobs as it has free places, writes outcomes in
 batches, fenced, and records each attempt in its ledger before it begins.
 
-Deadlines (a timeout, or a cancel past JOBSTATE_CANCEL_GRACE): the worker cancels an async
-task at its deadline, and it fails as timed out (or cancelled); one that ignores the
+Deadlines (a timeout, or a cancel past JOBSTATE_CANCEL_GRACE): the event loop cancels an
+async task at its deadline, and it fails as timed out (or cancelled); one that ignores the
 cancellation, or holds the event loop, is stopped with its process ASYNC_GRACE seconds
-later. A thread cannot be stopped: at a sync task's deadline the supervisor ends the
-process, as it does with one attempt at a time, and the attempts in flight beside it fail
-as lost (and are retried if they have attempts left). Give sync tasks that may run past
-their timeout a queue and workers of their own.
+later. The event loop watches the deadlines itself, not the worker's loop, which may wait
+on the database for as long as a table is locked or the server is away. A thread cannot
+be stopped: at a sync task's deadline the supervisor ends the process, as it does with one
+attempt at a time, and the attempts in flight beside it fail as lost (and are retried if
+they have attempts left). Give sync tasks that may run past their timeout a queue and
+workers of their own.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .exceptions import JobCancelled, JobTimeout
 from .logs import job_fields
 from .models import Job
 from .payload import encode_payload
+from .states import FailureReason
 from .worker import FLUSH_AFTER
 
 if TYPE_CHECKING:
@@ -42,8 +45,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("django_jobstate.worker")
 
-# How often the loop looks for new jobs, due deadlines and notifications while attempts
-# run (a completion wakes it at once).
+# How often the loop looks for new jobs and notifications while attempts run (a completion
+# wakes it at once), and the event loop for async attempts past their deadline.
 SLICE = 0.05
 
 
@@ -58,8 +61,10 @@ class InFlight:
         self._threads = ThreadPoolExecutor(limit, thread_name_prefix="jobstate-attempt")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
-        self._tasks: dict[int, asyncio.Task[Any]] = {}  # the loop's, by place
-        self._stopped: set[int] = set()  # places whose async task was cancelled
+        # The event loop's own (only its thread reads or writes them), by place: the tasks
+        # running, and those it cancelled at their deadline.
+        self._tasks: dict[int, asyncio.Task[Any]] = {}
+        self._stopped: set[int] = set()
 
     @property
     def free(self) -> int:
@@ -86,15 +91,17 @@ class InFlight:
             pass
         for index, _outcome in taken:
             del self.running[index]
-            self._stopped.discard(index)
         return taken
 
-    def stop_due(self) -> None:
-        """Cancel the async tasks past their deadline (once each)."""
+    def _stop_due(self) -> None:
+        """On the event loop, every SLICE: cancel the async tasks past their deadline (once
+        each). Here, not in the worker's loop, which may be waiting on the database."""
+        assert self._loop is not None
         for index in self.worker.ledger.due(time.monotonic()):
-            if index in self.running and index not in self._stopped and self._loop:
+            if index in self._tasks and index not in self._stopped:
                 self._stopped.add(index)
-                self._loop.call_soon_threadsafe(self._cancel, index)
+                self._tasks[index].cancel()
+        self._loop.call_later(SLICE, self._stop_due)
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
@@ -126,6 +133,8 @@ class InFlight:
         except asyncio.CancelledError:
             error = self._stop_error(job, index, started)
             outcome = Outcome(job, started, time.monotonic(), error=error)
+            if isinstance(error, JobTimeout):  # a timeout, however soon after it was cancelled
+                outcome.reason = FailureReason.TIMEOUT
         except (Exception, SystemExit, KeyboardInterrupt) as exc:
             outcome = Outcome(job, started, time.monotonic(), error=exc)
         else:
@@ -133,6 +142,7 @@ class InFlight:
         finally:
             worker.ledger.finish(index)
             self._tasks.pop(index, None)
+            self._stopped.discard(index)
         # The async ORM's queries run on one thread of their own (asgiref's): drop its
         # connection there once broken or past CONN_MAX_AGE, as after a sync attempt, or
         # a database restart would fail every async attempt after it.
@@ -152,10 +162,6 @@ class InFlight:
             "and was cancelled"
         )
 
-    def _cancel(self, index: int) -> None:
-        if (body := self._tasks.get(index)) is not None:
-            body.cancel()
-
     def _event_loop(self) -> asyncio.AbstractEventLoop:
         if self._loop is None:
             self._loop = asyncio.new_event_loop()
@@ -163,6 +169,7 @@ class InFlight:
                 target=self._loop.run_forever, name="jobstate-event-loop", daemon=True
             )
             self._loop_thread.start()
+            self._loop.call_soon_threadsafe(self._stop_due)
         return self._loop
 
 
@@ -211,7 +218,6 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                 worker.jobs_done += 1
                 done.append(outcome)
                 places.append(index)
-            pool.stop_due()
             # Outcomes not yet written keep their places in the ledger: at most a batch.
             if done and (
                 not pool.running

@@ -5,7 +5,10 @@ deadlines whatever the database does. So its monitor thread makes every database
 the supervisor: heartbeats for its workers, the rescue of lost workers elsewhere
 (liveness.py), cancel requests passed to its workers' ledgers (cancels.py), and the writes
 the main loop hands over (settling a worker that ended, handing back held attempts), each
-retried until the database takes it.
+retried until the database takes it, if its error can pass (connection_lost()). An error
+that cannot (a constraint, a trigger) would stop every write behind it for good: the write
+is logged with its cause and dropped (an attempt the database refuses to fail as lost
+fails with that refusal instead: Settle.fail_refused()).
 """
 
 from __future__ import annotations
@@ -103,19 +106,29 @@ class Monitor(threading.Thread):
             close_connection()
 
     def _write_pending(self, close_connection: Callable[[], None]) -> None:
+        from .managers import connection_lost
+
         while self._pending:
             write = self._pending[0]
             try:
                 write()
-            except DatabaseError:
-                logger.warning(
-                    "Database unavailable; will retry",
-                    exc_info=True,
-                    extra={"event": "supervisor.database_unavailable"},
-                )
+            except DatabaseError as exc:
                 close_connection()
-                self._done.wait(0.5)
-                return
+                if connection_lost(exc):
+                    logger.warning(
+                        "Database unavailable; will retry",
+                        exc_info=True,
+                        extra={"event": "supervisor.database_unavailable"},
+                    )
+                    self._done.wait(0.5)
+                    return
+                logger.error(  # it would fail again: retrying would hold up the rest
+                    "The database refused a write of the supervisor, which would fail "
+                    "again; dropped: %s",
+                    exc,
+                    exc_info=True,
+                    extra={"event": "supervisor.write_refused"},
+                )
             with self._lock:
                 self._pending.pop(0)
 

@@ -31,3 +31,55 @@ def configure_sqlite(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         if not sqlite.is_in_memory_db():
             cursor.execute("PRAGMA journal_mode = WAL")
+
+
+# PostgreSQL notices a dead client (a host cut off or gone) only when TCP gives up on it,
+# which with the system's defaults takes two hours or more; until then its session lives
+# on, and so does any row lock it holds. On the connections of runjobs processes (the
+# supervisor's and its workers', not the web processes'), the server probes a silent
+# client and drops it within this share of JOBSTATE_LOST_AFTER: keepalive probes while
+# nothing is in flight, tcp_user_timeout while the server's data waits unacknowledged.
+# (A transaction of ours left idle ends sooner: managers.base.IDLE_IN_WRITE_SHARE.)
+DEAD_PEER_SHARE = 0.5
+KEEPALIVE_COUNT = 3
+KEEPALIVE_MAX = 32767  # seconds: Linux's limit for the idle time and the interval
+
+
+def dead_peer_settings(lost_after: float) -> dict[str, int]:
+    """PostgreSQL's per-session TCP settings that drop a dead client within
+    DEAD_PEER_SHARE of `lost_after`: idle + count x interval, or the user timeout (ms)."""
+    window = lost_after * DEAD_PEER_SHARE
+    idle = min(KEEPALIVE_MAX, max(1, int(window / 2)))
+    interval = min(KEEPALIVE_MAX, max(1, int(window / 2 / KEEPALIVE_COUNT)))
+    return {
+        "tcp_keepalives_idle": idle,
+        "tcp_keepalives_interval": interval,
+        "tcp_keepalives_count": KEEPALIVE_COUNT,
+        "tcp_user_timeout": min(2**31 - 1, max(1, int(window * 1000))),
+    }
+
+
+def keep_alive(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
+    """Set dead_peer_settings() on a new PostgreSQL connection of a runjobs process."""
+    if connection.vendor != "postgresql":
+        return
+    from .conf import get_settings
+
+    values = dead_peer_settings(get_settings().LOST_AFTER)
+    calls = ", ".join(["set_config(%s, %s, false)"] * len(values))
+    params = [part for name, value in values.items() for part in (name, str(value))]
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {calls}", params)
+
+
+def watch_for_dead_peers() -> None:
+    """Have the server drop this process's connections once their peer is dead (see
+    DEAD_PEER_SHARE): the ones it has open and the ones it opens from now on. For runjobs
+    processes only: a web process's connections are the project's."""
+    from django.db import connections
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(keep_alive, dispatch_uid="django_jobstate.keep_alive")
+    for connection in connections.all(initialized_only=True):
+        if connection.connection is not None:
+            keep_alive(None, connection)

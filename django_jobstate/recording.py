@@ -1,7 +1,9 @@
 """Writing outcomes: successes together in one fenced statement, failures one by one,
 each retried until the database takes it (the outcome is known, the database may be
 away); an outcome refused because the attempt is no longer this worker's is logged and
-discarded. Then the log line and Django's task_finished signal.
+discarded. A write the database refuses for good (a constraint, a trigger: an error that
+cannot pass) is not retried: its attempt fails with that error. Then the log line and
+Django's task_finished signal.
 """
 
 from __future__ import annotations
@@ -46,10 +48,12 @@ class OutcomeWriter:
             if outcome.written:
                 self._finished(outcome)
         successes = [o for o in outcomes if o.error is None and not o.written]
+        failures = [o for o in outcomes if o.error is not None]  # before any is refused
         if successes:
-            pairs = [(o.job, o.value) for o in successes]
-            written = self.retrying(lambda: Job.objects.succeed_many(self.worker_id, pairs))
+            written = self._succeed(successes)
             for outcome in successes:
+                if outcome.error is not None:  # its success was refused: failed, logged
+                    continue
                 if outcome.job.pk in written:
                     outcome.job.state = State.SUCCEEDED
                     outcome.job.return_value = outcome.value
@@ -61,14 +65,44 @@ class OutcomeWriter:
                         f"it was no longer running for worker {self.worker_id} when moving it "
                         f"to succeeded: another writer got there first. Nothing was changed.",
                     )
-        for outcome in outcomes:
-            if outcome.error is not None:
-                try:
-                    self.retrying(functools.partial(self._fail, outcome))
-                except LostRace as exc:
-                    self.lost_race(outcome.job, str(exc))
-                else:
-                    self._finished(outcome)
+        for outcome in failures:
+            try:
+                self.retrying(functools.partial(self._fail, outcome))
+            except LostRace as exc:
+                self.lost_race(outcome.job, str(exc))
+            except DatabaseError as exc:  # refused for good (retrying() retries the rest)
+                self._refused(outcome, exc, f"its failure as {outcome.reason}")
+            else:
+                self._finished(outcome)
+
+    def _succeed(self, successes: list[Outcome]) -> set[int]:
+        """Write successes in one statement; if the database refuses it for good, each
+        alone, and fail an attempt whose success it refuses with that error."""
+        pairs = [(o.job, o.value) for o in successes]
+        try:
+            return self.retrying(lambda: Job.objects.succeed_many(self.worker_id, pairs))
+        except DatabaseError:  # not one that can pass: find the attempt it is about
+            pass
+        written: set[int] = set()
+        for outcome in successes:
+            write = functools.partial(
+                Job.objects.succeed_many, self.worker_id, [(outcome.job, outcome.value)]
+            )
+            try:
+                written |= self.retrying(write)
+            except DatabaseError as exc:
+                self._refused(outcome, exc, "its success")
+        return written
+
+    def _refused(self, outcome: Outcome, refused: DatabaseError, what: str) -> None:
+        """The database refused `outcome`'s write for good: fail it with that error (not
+        retried), and let it go as written if that write went through."""
+        write = functools.partial(Job.objects.fail_refused, outcome.job, refused, what)
+        if self.retrying(write):
+            outcome.value, outcome.error = None, outcome.error or refused
+            self._finished(outcome)
+        else:
+            outcome.error = outcome.error or refused  # not ours to write any more
 
     def _fail(self, outcome: Outcome) -> None:
         assert outcome.error is not None

@@ -290,8 +290,11 @@ def run_child(
     import django
 
     django.setup()
+    from .receivers import watch_for_dead_peers
     from .wakeup import receive_from
     from .worker import Worker
+
+    watch_for_dead_peers()
 
     if inbox is not None:
         receive_from(inbox)  # its Waiter reads the relay instead of listening itself

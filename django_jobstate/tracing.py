@@ -19,6 +19,8 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
+from .managers.base import describe_error
+
 if TYPE_CHECKING:
     from django.tasks import Task
 
@@ -91,8 +93,22 @@ class Attempt:
         else:
             span.set_attribute("jobstate.outcome", "failed")
             span.set_attribute("jobstate.failure_reason", reason)
-            span.record_exception(error)
-            span.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            # An error's str() may raise: say so, as its stored message does, and end the
+            # span all the same (an attempt whose span cannot end would never be written).
+            described = describe_error(error)
+            try:
+                span.record_exception(error)
+            except Exception:
+                span.add_event(
+                    "exception",
+                    {
+                        "exception.type": described["error_class"],
+                        "exception.message": described["error_message"],
+                        "exception.stacktrace": described["traceback"],
+                    },
+                )
+            message = f"{type(error).__name__}: {described['error_message']}"
+            span.set_status(Status(StatusCode.ERROR, message))
         span.end()
         if error is not None and isinstance(self.job.trace_context, dict):  # a retry may follow
             carrier: dict[str, Any] = {"attempt": self.job.attempt}

@@ -20,6 +20,7 @@ from django.db import DatabaseError
 
 from .cancels import pass_cancel_requests
 from .liveness import Pulse, close_connection
+from .managers import connection_lost
 from .models import Job, WorkerHeartbeat
 
 if TYPE_CHECKING:
@@ -68,7 +69,19 @@ class Watchdog(threading.Thread):
         for pk in list(self._overdue):
             try:
                 Job.objects.time_out(self.worker.worker_id, pk)
-            except DatabaseError:
+            except DatabaseError as exc:
+                if not connection_lost(exc):  # it would fail again: do not hold up the rest
+                    logger.error(
+                        "Worker %s: could not fail job %s as timed out, and would not on "
+                        "a retry: %s",
+                        self.worker.worker_id,
+                        pk,
+                        exc,
+                        exc_info=True,
+                        extra={"event": "job.write_refused", "job_id": pk},
+                    )
+                    self._overdue.remove(pk)
+                    continue
                 logger.warning(
                     "Worker %s: database unavailable; will fail job %s as timed out later",
                     self.worker.worker_id,

@@ -178,6 +178,18 @@ def marks_its_body(context: TaskContext, label: str, seconds: float) -> int:
     return context.attempt
 
 
+@task(takes_context=True, atomic=True)
+def holds_its_row(context: TaskContext, label: str, seconds: float) -> int:
+    """An atomic task that saves its progress (its job row stays locked until the body's
+    transaction commits), marks its start in a file, then sleeps `seconds`."""
+    context.metadata["step"] = 1
+    context.save_metadata()  # type: ignore[attr-defined]
+    name = f"{label}.{context.attempt}.{os.environ['JOBSTATE_TEST_HOST']}.{os.getpid()}"
+    (Path(os.environ["JOBSTATE_TEST_MARKS"]) / f"{name}.start").touch(exist_ok=False)
+    time.sleep(seconds)
+    return context.attempt
+
+
 def _hold_the_interpreter(seconds: float) -> None:
     """Sleep in C without releasing the GIL, as a catastrophic regular expression or many
     C extensions do: no other thread of this process runs meanwhile."""
@@ -211,6 +223,13 @@ def raises(kind: str) -> None:
         raise ValueError("before\x00after")
     if kind == "surrogate":
         raise ValueError("lone \ud800 surrogate")
+    raise Unprintable()
+
+
+@task
+async def async_raises_unprintable() -> None:
+    """An async task whose error has no str()."""
+    await asyncio.sleep(0)
     raise Unprintable()
 
 
@@ -441,6 +460,42 @@ async def async_never_returns(label: str) -> None:
     """Ignores cancel requests: only the worker's cancellation at the grace stops it."""
     await Execution.objects.acreate(label=f"{label}:started")
     await asyncio.sleep(3600)
+
+
+@task
+async def async_waits_for_file(path: str) -> str:
+    """Touches nothing in the database: returns once `path` exists."""
+    while not os.path.exists(path):
+        await asyncio.sleep(0.01)
+    return path
+
+
+@task
+def shows_settings(names: list[str]) -> dict[str, str]:
+    """The PostgreSQL settings `names` of the connection the task runs on (its worker's)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT name, setting FROM pg_settings WHERE name = ANY(%s)", [names])
+        return dict(cursor.fetchall())
+
+
+@task
+def waits_for_file(path: str) -> str:
+    while not os.path.exists(path):
+        time.sleep(0.01)
+    return path
+
+
+@task(timeout=5)
+async def async_overruns_and_says_so(started: str, cancelled: str) -> None:
+    """Runs past its timeout; writes files, not rows, so a locked database cannot hold it."""
+    Path(started).touch()
+    try:
+        await asyncio.sleep(3600)
+    except asyncio.CancelledError:
+        Path(cancelled).touch()
+        raise
 
 
 @task(takes_context=True)

@@ -272,6 +272,37 @@ def run_the_partition(hosts: Hosts, db: netns.Namespace, w1: netns.Namespace, li
     assert hosts.marked() == expected
 
 
+def test_a_host_cut_off_while_a_transaction_holds_its_job_row_lets_go_of_it(network, tmp_path):
+    """An atomic task's transaction holds its job row (it saved its progress) when its host
+    is cut off: no idle timeout ends that transaction (the body may take its time), and
+    the rescue passes over a locked row. The server's TCP probes on runjobs' connections
+    drop the dead session, so the healthy host fails the attempt as lost within seconds,
+    not when the server's TCP gives up (two hours and more by default)."""
+    db, w1 = network.namespace("db"), network.namespace("w1")
+    link = network.link(db, w1)
+    hosts = Hosts(tmp_path, network.postgres(db, link))
+    try:
+        hosts.manage("migrate", "-v", "0")
+        code = "from tests import tasks\nprint(tasks.holds_its_row.enqueue('held', 3600).id)"
+        result_id = hosts.manage("shell", "-c", code).splitlines()[-1]
+        hosts.runjobs(w1, link.db_address)
+        wait_for(lambda: ("held", 1, "w1", "start") in hosts.marked(), "w1 to lock its row")
+        hosts.runjobs(db, "127.0.0.1")
+        link.cut()
+        cut_at = hosts.clock()
+
+        def failed() -> dict[str, Any] | None:
+            rows = [r for r in hosts.attempts() if str(r["result_id"]) == result_id]
+            return rows[0] if rows[0]["state"] == State.FAILED else None
+
+        row = wait_for(failed, "the held row to be let go of and rescued", 90)
+        print(f"\nrescued {(row['finished_at'] - cut_at).total_seconds():.2f} s after the cut")
+        assert row["failure_reason"] == FailureReason.LOST
+        link.restore()
+    finally:
+        hosts.close()
+
+
 def enqueue(hosts: Hosts, labels: list[str], seconds: float) -> list[str]:
     """Enqueue marks_its_body(label, seconds) for each label; return the result ids."""
     code = (

@@ -10,7 +10,9 @@ import time
 import pytest
 from django.db import OperationalError, connection, transaction
 
+from django_jobstate.conf import get_settings
 from django_jobstate.models import Job
+from django_jobstate.receivers import dead_peer_settings
 from django_jobstate.states import State
 from tests import tasks
 from tests.conftest import keep_a_worker_writing
@@ -55,3 +57,25 @@ def test_a_transaction_mode_the_project_sets_is_kept():
         connections[alias].close()
     connections[alias].ensure_connection()
     assert connections[alias].transaction_mode == "IMMEDIATE"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's TCP settings")
+@pytest.mark.parametrize("in_flight", ["1", "4"])
+def test_runjobs_connections_drop_a_dead_peer_within_the_lost_after_window(runjobs, in_flight):
+    """A worker cut off between its outcome's UPDATE and COMMIT would hold the row until
+    the server drops its session: the server probes runjobs' connections (a worker's, its
+    attempt threads') and drops a dead one well within JOBSTATE_LOST_AFTER."""
+    default = dead_peer_settings(30.0)  # JOBSTATE_LOST_AFTER's default: dropped within 15 s
+    probes = default["tcp_keepalives_count"] * default["tcp_keepalives_interval"]
+    assert default["tcp_keepalives_idle"] + probes <= 15
+    assert default["tcp_user_timeout"] == 15_000
+    expected = dead_peer_settings(get_settings().LOST_AFTER)
+    result = tasks.shows_settings.enqueue(list(expected))
+    done = runjobs.run("--burst", "--in-flight", in_flight)
+    assert done.returncode == 0, done.stdout
+    shown = Job.objects.get(result_id=result.id).return_value
+    assert shown == {name: str(value) for name, value in expected.items()}
+    # Not the project's own connections (this one stands for a web process's).
+    with connection.cursor() as cursor:
+        cursor.execute("SHOW tcp_user_timeout")
+        assert cursor.fetchone() == ("0",)

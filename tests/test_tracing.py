@@ -124,3 +124,38 @@ def test_a_bulk_enqueue_is_one_producer_span_for_every_job():
     assert span.attributes["messaging.batch.message_count"] == 2
     contexts = {json.dumps(c) for c in Job.objects.values_list("trace_context", flat=True)}
     assert len(contexts) == 1
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+@pytest.mark.parametrize("in_flight", ["1", "4"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_an_error_whose_str_raises_fails_its_attempt_and_the_worker_goes_on(
+    runjobs, tmp_path: Path, kind, in_flight
+):
+    """Tracing formats a hostile error as carefully as the rest: the attempt fails, its span
+    ends with the error, and the worker runs the next job (and a --burst run exits)."""
+    hostile = tasks.raises.enqueue("unprintable") if kind == "sync" else None
+    hostile = hostile or tasks.async_raises_unprintable.enqueue()
+    after = tasks.record.enqueue("after")
+    spans_file = tmp_path / "spans.jsonl"
+    done = runjobs.run(
+        "--burst",
+        "--in-flight",
+        in_flight,
+        JOBSTATE_TEST_SETTINGS=json.dumps({"JOBSTATE_TRACING": True}),
+        JOBSTATE_TEST_SPANS=str(spans_file),
+    )
+    assert done.returncode == 0, done.stdout
+    failed = Job.objects.get(result_id=hostile.id)
+    assert failed.state == State.FAILED, done.stdout
+    assert failed.error_class == "tests.tasks.Unprintable"
+    assert failed.error_message == "<str() of the error failed>"
+    assert Job.objects.get(result_id=after.id).state == State.SUCCEEDED
+    spans = [json.loads(line) for line in spans_file.read_text().splitlines()]
+    [span] = [s for s in spans if s["attributes"]["messaging.message.id"] == hostile.id]
+    assert span["events"][0]["attributes"]["exception.message"] == "<str() of the error failed>"
+    assert span["status"] == {
+        "status_code": "ERROR",
+        "description": "Unprintable: <str() of the error failed>",
+    }

@@ -8,7 +8,7 @@ import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from django.db import (
     DEFAULT_DB_ALIAS,
@@ -37,7 +37,15 @@ def class_path(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
 
-def describe_error(exc: BaseException) -> dict[str, str]:
+class ErrorFields(TypedDict):
+    """The error fields of a failed attempt (fail()'s keyword arguments)."""
+
+    error_class: str
+    error_message: str
+    traceback: str
+
+
+def describe_error(exc: BaseException) -> ErrorFields:
     """The error fields of a failed attempt, for any exception.
 
     Its str() may raise (the traceback module says so instead), and PostgreSQL stores no
@@ -106,8 +114,11 @@ IDLE_IN_TRANSACTION_TIMEOUT = "25P03"  # the SQLSTATE of that end (an InternalEr
 
 
 def connection_lost(exc: DatabaseError) -> bool:
-    """Whether `exc` means the connection was lost, so that the write may be made again
-    on a new one: the database is away, or it ended a transaction of ours left idle."""
+    """Whether `exc` can pass, so that the write may be made again on a new connection:
+    the database is away, it ended a transaction of ours left idle, or the write waited
+    too long for a lock (a lock or statement timeout, a deadlock: OperationalError on both
+    databases, as SQLite's "database is locked"). Any other error (a constraint, a value
+    the column refuses, a trigger's) would fail the same write again."""
     if isinstance(exc, OperationalError | InterfaceError):
         return True
     return getattr(exc.__cause__, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT

@@ -85,8 +85,10 @@ class Outcomes(Writes):
         error_class: str = "",
         error_message: str = "",
         traceback: str = "",
+        retry: bool = True,
     ) -> Job | None:
-        """Fail `job` and, if its task allows another attempt, create it; return it.
+        """Fail `job` and, if its task allows another attempt (and `retry`), create it;
+        return it.
 
         An attempt RELEASED (claimed, never started) always gets a next attempt, due at
         once, that does not use up one of the task's attempts. A running attempt that
@@ -109,7 +111,7 @@ class Outcomes(Writes):
                 error_message=error_message,
                 traceback=traceback,
             )
-            if job.failure_reason == FailureReason.CANCELLED:
+            if job.failure_reason == FailureReason.CANCELLED or not retry:
                 return None
             if reason == FailureReason.RELEASED:
                 options: dict[str, Any] = {"max_attempts": job.max_attempts + 1}

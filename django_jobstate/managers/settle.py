@@ -9,7 +9,7 @@ from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from django.db import connections, router
+from django.db import DatabaseError, connections, router
 from django.db.models import Exists
 from django.db.models.functions import Now
 
@@ -18,7 +18,7 @@ from ..conf import get_settings
 from ..exceptions import JobCancelled, LostRace, WorkerLost
 from ..logs import job_fields
 from ..states import FailureReason
-from .base import brief_transaction, describe_error, logger, timeout_error
+from .base import brief_transaction, connection_lost, describe_error, logger, timeout_error
 from .outcomes import Outcomes
 
 if TYPE_CHECKING:
@@ -125,6 +125,9 @@ class Settle(Outcomes):
         rather than wait for it: a rescuer must keep heartbeating. (A worker cut off
         between its outcome's UPDATE and its COMMIT lets go of the row after half of
         LOST_AFTER: brief_transaction().)
+
+        A write the database refuses for good (a constraint, a trigger) fails that attempt
+        with the refusal instead (fail_refused()), and the others are written on.
         """
         failed = 0
         for job in jobs:
@@ -136,6 +139,11 @@ class Settle(Outcomes):
                     self.fail(job, reason, **describe_error(error))
             except LostRace:
                 continue  # its worker finished it, or another rescuer got there first
+            except DatabaseError as exc:
+                if connection_lost(exc):
+                    raise  # the caller writes again once the database is back
+                failed += self.fail_refused(job, exc, f"its failure as {reason}")
+                continue
             logger.warning(
                 "Job %s attempt %d failed as %s: %s",
                 job.pk,
@@ -148,6 +156,42 @@ class Settle(Outcomes):
                 metrics.recorder.finished(job)
             failed += 1
         return failed
+
+    def fail_refused(self, job: Job, refused: DatabaseError, what: str) -> bool:
+        """Fail `job` with `refused`, the database's error for the write of `what` (its
+        outcome), as an error and never retried: that write would be refused again, and
+        retrying it for ever would hold up every write behind it. Logged with its cause.
+        False if the row has moved on, or if the database refuses this write too."""
+        fields = describe_error(refused)
+        fields["error_message"] = (
+            f"The database refused to record {what}, and would refuse it again: "
+            f"{fields['error_message'].strip()}"
+        )
+        logger.error(
+            "Job %s: %s; it fails with that error instead, not retried",
+            job.pk,
+            fields["error_message"],
+            exc_info=refused,
+            extra=job_fields(job, "job.write_refused", error_class=fields["error_class"]),
+        )
+        try:
+            self.fail(job, FailureReason.ERROR, retry=False, **fields)
+        except LostRace:
+            return False
+        except DatabaseError as exc:
+            if connection_lost(exc):
+                raise
+            logger.error(
+                "Job %s: the database refused its failure with that error too; the row "
+                "stays as it is",
+                job.pk,
+                exc_info=exc,
+                extra=job_fields(job, "job.write_refused"),
+            )
+            return False
+        if metrics.recorder is not None:
+            metrics.recorder.finished(job)
+        return True
 
     def _lock_or_skip(self, job: Job) -> bool:
         """Lock `job`'s row unless another transaction holds it (SQLite: no row locks, and

@@ -15,6 +15,7 @@ from django_jobstate.management.arguments import (
     positive_int,
     queue_name,
 )
+from django_jobstate.receivers import watch_for_dead_peers
 from django_jobstate.supervisor import Supervisor, configure_logging
 
 if TYPE_CHECKING:
@@ -88,6 +89,7 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        watch_for_dead_peers()
         refuse_to_start(options["queues"], burst=options["burst"])
         if options["metrics_port"] is not None and not importlib.util.find_spec(
             "prometheus_client"
