@@ -12,6 +12,7 @@ from django.contrib import admin, messages
 from django.db import router, transaction
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
+from django.tasks.exceptions import InvalidTask
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -153,10 +154,18 @@ class ScheduleAdmin(admin.ModelAdmin):
         skipped: list[tuple[str, Job]] = []
         for schedule in queryset.filter(removed_at=None):
             definition = Definition.from_row(schedule)
-            with transaction.atomic(using=db):
-                job = enqueue_tick(
-                    db, definition, db_now(db), last_result_id=schedule.last_result_id
+            try:
+                with transaction.atomic(using=db):
+                    job = enqueue_tick(
+                        db, definition, db_now(db), last_result_id=schedule.last_result_id
+                    )
+            except (InvalidTask, TypeError, ValueError) as exc:  # its task, its arguments
+                self.message_user(
+                    request,
+                    format_html("{} {}: {}", _("Not enqueued:"), schedule.name, str(exc)),
+                    messages.ERROR,
                 )
+                continue
             (skipped if job.deduplicated else done).append((schedule.name, job))
         link = "<a href='{}'>{} (job {})</a>"
 

@@ -9,7 +9,7 @@ import io
 import logging
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import transaction
 
 from django_jobstate.models import Job, Schedule
@@ -110,3 +110,10 @@ def test_a_tick_without_a_unique_task_or_schedule_writes_no_key():
     with transaction.atomic():
         job = enqueue_tick(db, every(task_path="tests.tasks.noop"), db_now(db))
     assert (job.unique_key, job.unique_scope, job.deduplicated) == (None, None, False)
+
+
+def test_run_now_of_a_unique_task_with_arguments_it_does_not_take_says_why():
+    sync([every(task_path="tests.tasks.sync_account", kwargs={"account": 1})])
+    with pytest.raises(CommandError, match=r"Schedule 's': nothing enqueued: .*do not match"):
+        call_command("schedules", "--run", "s", stdout=io.StringIO())
+    assert not Job.objects.exists()

@@ -8,6 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import router, transaction
 from django.db.models import OuterRef, Subquery
+from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
 from django_jobstate.models import Job, Schedule
@@ -144,13 +145,16 @@ class Command(BaseCommand):
                 f"No schedule {name!r}; the schedules are: {known or 'none'}."
             ) from None
         db = router.db_for_write(Schedule)
-        with transaction.atomic(using=db):
-            job = enqueue_tick(
-                db,
-                Definition.from_row(schedule),
-                db_now(db),
-                last_result_id=schedule.last_result_id,
-            )
+        try:
+            with transaction.atomic(using=db):
+                job = enqueue_tick(
+                    db,
+                    Definition.from_row(schedule),
+                    db_now(db),
+                    last_result_id=schedule.last_result_id,
+                )
+        except (InvalidTask, TypeError, ValueError) as exc:  # its task, its arguments
+            raise CommandError(f"Schedule {name!r}: nothing enqueued: {exc}") from None
         if job.deduplicated:
             self.stdout.write(
                 f"Not enqueued: job {job.pk}, with the same unique key, is still live "
