@@ -28,6 +28,13 @@ and on PostgreSQL their clocks are skewed in turn by -/+/0 --skew seconds
   namespace reaching the server over a veth, tests/netns.py, through bench/torture_proxy.py)
   and cuts that link for longer than the window, then restores it: its attempts are
   rescued by the others, its late outcomes refused. Not root: skipped, with a note.
+- runs the workloads of bench/torture_workloads.py, each drawn from the seed and
+  switched off by its own --no-... flag: cancels at random moments, a schedule ticking
+  every second, unique tasks enqueued while the workers drain, mixed batches (fast jobs
+  and a slow one, its worker sometimes killed), rows locked by another connection, and
+  the job table locked while attempts with a 1 s timeout run (one of the faults that
+  take the database away). Their checks, and why each is sound, are in
+  bench/torture_check_workloads.py.
 Those that take the database or the network away run one at a time, apart from each
 other. Then, with no fault left, it waits until every logical task is terminal (bound: the
 lost-after window plus --drain-margin), stops the supervisors, prints a table of figures

@@ -405,7 +405,8 @@ def check(
                 and overrun["worker_id"] == wid
                 and overrun["failure_reason"] in (FailureReason.TIMEOUT, FailureReason.CANCELLED)
             ):
-                if _cancellable(overrun) and not _loop_held(jobs, faults, wid, finished):
+                since = finished - timedelta(seconds=1)
+                if _cancellable(overrun) and not held(jobs, faults, wid, since, finished):
                     beside_cancellable += 1
                     examples["lost_beside_async"].append(
                         f"{describe(j)}; beside job {overrun['id']}"
@@ -668,16 +669,26 @@ def _cancellable(job: dict[str, Any]) -> bool:
     return job["task_path"].endswith("_async") and not holds
 
 
-def _loop_held(jobs: list[dict[str, Any]], faults: Faults, wid: str, at: datetime) -> bool:
-    """Was worker `wid`'s process held at `at`: SIGSTOPped, or its interpreter held?"""
-    if any(p.worker_id == wid and _within(at, p.stopped, p.resumed, 1.0) for p in faults.pauses):
+def _overlaps(start: datetime, end: datetime, at: datetime, ended: datetime | None) -> bool:
+    """Do [start, end] and [at, ended] (ended None: still on) meet, give or take the slack?"""
+    return at - CLOCK_SLACK <= end and (ended is None or ended + CLOCK_SLACK >= start)
+
+
+def held(
+    jobs: list[dict[str, Any]], faults: Faults, wid: str, start: datetime, end: datetime
+) -> bool:
+    """Was worker `wid`'s process held at some moment of [start, end]: SIGSTOPped, or its
+    interpreter held by an attempt it ran?"""
+    if any(
+        p.worker_id == wid and _overlaps(start, end, p.stopped, p.resumed) for p in faults.pauses
+    ):
         return True
     return any(
         j["worker_id"] == wid
         and j["args"][1] in (GIL_HOLD, GIL_OVERRUN)
         and j["attempt"] == 1
         and j["started_at"] is not None
-        and _within(at, j["started_at"], j["finished_at"], 1.0)
+        and _overlaps(start, end, j["started_at"], j["finished_at"])
         for j in jobs
     )
 

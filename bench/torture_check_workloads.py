@@ -40,11 +40,12 @@ from bench.torture_check import (
     CLOCK_SLACK,
     Faults,
     Figure,
+    _overlaps,
     _seconds,
     _within,
     describe,
+    held,
 )
-from bench.torture_tasks import GIL_HOLD, GIL_OVERRUN
 from bench.torture_workloads import TICK_SCHEDULE, Workload
 from django_jobstate.states import FailureReason, State
 
@@ -308,24 +309,12 @@ def _batches(
 def _stalled(faults: Faults, jobs: list[Row], wid: str, start: datetime, end: datetime) -> bool:
     """Could worker `wid` not write between `start` and `end`: the database away, its link
     cut, its process SIGSTOPped, or its interpreter held by an attempt beside it?"""
-
-    def overlaps(at: datetime, ended: datetime | None) -> bool:
-        return at - CLOCK_SLACK <= end and (ended is None or ended + CLOCK_SLACK >= start)
-
-    if any(overlaps(o.at, o.ended) for o in [*faults.outages, *faults.table_locks]):
+    away = [*faults.outages, *faults.table_locks]
+    if any(_overlaps(start, end, o.at, o.ended) for o in away):
         return True
-    if any(wid.startswith(c.prefix) and overlaps(c.at, c.ended) for c in faults.cuts):
+    if any(wid.startswith(c.prefix) and _overlaps(start, end, c.at, c.ended) for c in faults.cuts):
         return True
-    if any(p.worker_id == wid and overlaps(p.stopped, p.resumed) for p in faults.pauses):
-        return True
-    return any(
-        j["worker_id"] == wid
-        and j["args"][1] in (GIL_HOLD, GIL_OVERRUN)
-        and j["attempt"] == 1
-        and j["started_at"] is not None
-        and overlaps(j["started_at"], j["finished_at"])
-        for j in jobs
-    )
+    return held(jobs, faults, wid, start, end)
 
 
 def _locks(
