@@ -355,7 +355,12 @@ def _locks(
             f"{sum(len(lock.pks) for lock in work.row_locks if lock.held)} "
             f"({len(work.row_locks)}; {sum(not lock.held for lock in work.row_locks)})",
         ),
-        "claimed_locked": Figure("locked rows claimed while locked", while_locked, True),
+        "claimed_locked": Figure(
+            "locked rows claimed while locked",
+            while_locked if work.row_locks_exclusive else 0,
+            True,
+            "" if work.row_locks_exclusive else "SQLite: a read transaction, no row lock",
+        ),
         "locked_wait": Figure("lock released -> locked row started", _seconds(waits)),
         "table_locks": Figure(
             "job table locks (attempts whose 1 s deadline fell in one)",

@@ -98,6 +98,7 @@ class Workload:
     row_locks: list[RowLock] = field(default_factory=list)
     deadlines: list[str] = field(default_factory=list)  # result ids started before locks
     ticks_until: datetime | None = None  # ticks from here on are past the run
+    row_locks_exclusive: bool = True  # False on SQLite: a read transaction, no row lock
     ticks: bool = False
 
 
@@ -343,6 +344,7 @@ class Workloads:
         pks = self.guarded(candidates, [])
         if not pks:
             return False
+        self.faults.workload.row_locks_exclusive = self.options.db == "postgres"
         lock = RowLock(self.rng.sample(pks, min(LOCKED_ROWS, len(pks))), self.db_now())
         seconds = self.lost_after + 2.0
         thread = threading.Thread(target=self.hold_rows, args=(lock, seconds), daemon=True)
