@@ -581,7 +581,7 @@ class Torture(workloads.Workloads):
             while events and events[0][0] <= elapsed and self.away is None:
                 action = events.pop(0)[1]
                 # Not now (no worker to pick yet, on a slow start): a moment later.
-                if getattr(self, action)() is False:
+                if self.act(action) is False:
                     events = sorted([*events, (elapsed + 0.25, action)])
             if self.pending_kills and self.away is None:
                 self.kill_batches()
@@ -590,13 +590,21 @@ class Torture(workloads.Workloads):
         for _, action in [*events, (0.0, "kill_batches")]:  # a slow machine: run what is left
             for _attempt in range(40):
                 self.wait_until_back()
-                if getattr(self, action)() is not False:
+                if self.act(action) is not False:
                     break
                 self.tick()
                 time.sleep(0.25)
         # The unique tasks' threads wait on a table lock: the lock ends first.
         self.wait_until_back()
         self.stop_threads()
+
+    def act(self, action: str) -> Any:
+        """Do one fault or workload action; say so when it held this loop up."""
+        started = time.monotonic()
+        result = getattr(self, action)()
+        if (took := time.monotonic() - started) > 2.0:
+            print(f"  {self.clock()} ({action} took {took:.1f} s)")
+        return result
 
     def wait_until_back(self) -> None:
         """Wait while the database or the network is away (an outage, a cut, a lock)."""

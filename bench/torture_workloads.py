@@ -117,11 +117,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def resolve(options: argparse.Namespace) -> None:
     d = options.duration
-    options.cancels = 0 if options.no_cancels else options.cancels or max(4, round(d / 3))
-    options.mixed_batches = (
-        0 if options.no_mixed_batches else options.mixed_batches or max(3, round(d / 5))
-    )
-    options.row_locks = 0 if options.no_row_locks else options.row_locks or max(1, round(d / 30))
+    for name, off, default in (
+        ("cancels", options.no_cancels, max(4, round(d / 3))),
+        ("mixed_batches", options.no_mixed_batches, max(3, round(d / 5))),
+        ("row_locks", options.no_row_locks, max(1, round(d / 30))),
+    ):
+        count = getattr(options, name)
+        setattr(options, name, 0 if off else default if count is None else count)
     options.table_lock = not options.no_table_lock
     options.ticks = not options.no_ticks
 
