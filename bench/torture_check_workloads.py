@@ -49,9 +49,11 @@ from bench.torture_check import (
 from bench.torture_workloads import TICK_SCHEDULE, Workload
 from django_jobstate.states import FailureReason, State
 
-# A holder's finished_at is the start of its outcome's transaction (PostgreSQL's now()):
-# a duplicate enqueue may meet it live until that commits, which a writer paused mid-way
-# may delay until idle_in_transaction_session_timeout (half of LOST_AFTER) ends it.
+# A holder's finished_at is the start of its outcome's transaction (PostgreSQL's now(); on
+# SQLite the writer's clock before its write): a duplicate enqueue may meet it live until
+# that commits, which a writer paused mid-way may delay until
+# idle_in_transaction_session_timeout (half of LOST_AFTER) ends it, and an outage or a
+# table lock until it is over (excused apart).
 HOLDER_SLACK = timedelta(seconds=3)
 LATE_WRITE = 2.0  # seconds from a body's return to its success written, at most
 FLUSH_BOUND = 1.0  # a kill this soon after a body returned may lose its success
@@ -68,7 +70,7 @@ def workload_figures(
     work = faults.workload
     figures = _cancels(work, chains, ran, examples)
     figures |= _ticks(work, jobs)
-    figures |= _uniques(work, chains, executions, examples)
+    figures |= _uniques(work, chains, executions, faults, examples)
     figures |= _batches(work, chains, ran, jobs, faults, examples)
     figures |= _locks(work, faults, jobs, chains, examples)
     in_flight = Counter(
@@ -175,7 +177,11 @@ def _ticks(work: Workload, jobs: list[Row]) -> dict[str, Figure]:
 
 
 def _uniques(
-    work: Workload, chains: dict[str, list[Row]], executions: list[Row], examples: Any
+    work: Workload,
+    chains: dict[str, list[Row]],
+    executions: list[Row],
+    faults: Faults,
+    examples: Any,
 ) -> dict[str, Figure]:
     starts: dict[str, datetime] = {}
     for e in executions:
@@ -198,6 +204,8 @@ def _uniques(
             if last_end is None or (end or never) > last_end:
                 last_end, last = end or never, rid
     wrong = 0
+    # A writer's finished_at is taken before a lock or an outage holds its write back.
+    away = [*faults.outages, *faults.table_locks]
     for u in work.uniques:
         attempts = chains.get(u.result_id)
         holder_ok = (
@@ -205,8 +213,9 @@ def _uniques(
             and (attempts[0]["kwargs"] or {}).get("key") == u.key
             and attempts[0]["enqueued_at"] <= u.done + CLOCK_SLACK
             and (
-                attempts[-1]["finished_at"] is None
-                or attempts[-1]["finished_at"] >= u.at - HOLDER_SLACK
+                (finished := attempts[-1]["finished_at"]) is None
+                or finished >= u.at - HOLDER_SLACK
+                or any(_overlaps(finished, u.at, o.at, o.ended) for o in away)
             )
         )
         if not holder_ok:
