@@ -52,10 +52,11 @@ the default), the rest `flaky` (5 attempts); 10% of them sleep 0.2-1.5 s; 2% (at
 raise errors that are hard to store (a NUL, a lone surrogate, a str() that raises) in 3
 of 4 attempts; any other attempt fails with probability --fail-rate. --seed fixes the mix
 and the schedule of faults; the result ids, and so which attempts fail, and the timing
-differ from run to run. --in-flight N runs N attempts at once per worker process (in
-every other supervisor only, with --in-flight-alternate), and
---async-fraction makes that share of the tasks `async def` twins of the same plans (with
---in-flight, on the worker's event loop, where an overrun is cancelled at its deadline).
+differ from run to run. --in-flight N runs N attempts at once per worker process (with
+--in-flight-alternate, in every other supervisor only, a replacement running as the one
+killed did), and --async-fraction makes that share of the tasks `async def` twins of the
+same plans (with --in-flight, on the worker's event loop, where an overrun is cancelled
+at its deadline).
 
 Why each check is sound:
 - Executions of an attempt after it was already failed: an Execution row whose attempt was

@@ -170,8 +170,14 @@ class Workloads:
         how = self.rng.choice(["backend", "task", "job"])
         now = self.db_now()
 
+        # Not the rows another connection holds locked: the cancel would wait for them.
+        locked = [
+            pk for lock in self.faults.workload.row_locks if not lock.released for pk in lock.pks
+        ]
+
         def candidates() -> list[tuple[int, Any]]:
-            jobs = Job.objects.filter(task_path__in=ORDINARY).order_by("run_after", "pk")
+            jobs = Job.objects.filter(task_path__in=ORDINARY).exclude(pk__in=locked)
+            jobs = jobs.order_by("run_after", "pk")
             if picked == "running":
                 jobs = jobs.running()
             elif picked == "due":
