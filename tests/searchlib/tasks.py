@@ -21,3 +21,11 @@ def slow_index(label: str, seconds: float) -> str:
 
     Execution.objects.create(label=label)
     return label
+
+
+@task
+def writes_then_fails(label: str) -> None:
+    from tests.models import Execution
+
+    Execution.objects.create(label=label)
+    raise RuntimeError("after writing")
