@@ -239,7 +239,7 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
     """Describe one logical task from all its attempts, oldest first."""
     first, newest = attempts[0], attempts[-1]
     if task is None:
-        task = load_task(newest.task_path)
+        task = with_settings(load_task(newest.task_path))
     # The task as enqueued: a run_after other than the enqueue time was given to .using().
     run_after = None if first.run_after == first.enqueued_at else first.run_after
     stored = (newest.queue_name, newest.priority, newest.backend, run_after)

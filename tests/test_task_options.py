@@ -139,6 +139,20 @@ def test_atomic_from_the_setting_is_applied_by_the_worker(runjobs):
 
 
 @pytest.mark.django_db
+def test_a_schedule_enqueues_with_the_settings_options():
+    from tests.test_scheduler import every, make_due, scheduled_jobs, scheduler
+
+    with override_settings(JOBSTATE_TASK_OPTIONS={INDEX: {"max_attempts": 4, "timeout": 9}}):
+        s = scheduler(every(60, task_path=INDEX, args=["home"]))
+        s.run_once()
+        make_due()
+        s.run_once()
+
+    [job] = scheduled_jobs()
+    assert (job.task_path, job.max_attempts, job.timeout) == (INDEX, 4, 9)
+
+
+@pytest.mark.django_db
 def test_the_job_page_says_where_each_option_came_from(admin_client):
     with override_settings(JOBSTATE_TASK_OPTIONS={"tests.tasks.with_options": {"backoff": 7}}):
         job = Job.objects.get(result_id=tasks.with_options.enqueue().id)
