@@ -51,7 +51,7 @@ def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
             f"The task module {name!r} cannot be imported: {error}",
             hint="Workers import every task module at start-up, and none of its tasks can be "
             "enqueued or run until it imports: fix the error in that module.",
-            id="django_jobstate.E014",
+            id="django_jobstate.E016",
         )
         for name, error in import_errors().items()
     ]

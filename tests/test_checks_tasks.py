@@ -44,6 +44,6 @@ def test_check_names_a_task_module_that_fails_to_import_and_its_error(tmp_path, 
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
     assert (
-        "(django_jobstate.E014) The task module 'brokenapp.tasks' cannot be imported: "
+        "(django_jobstate.E016) The task module 'brokenapp.tasks' cannot be imported: "
         "ModuleNotFoundError: No module named 'nowhere_to_be_found'"
     ) in done.stderr

@@ -313,7 +313,7 @@ def test_runjobs_refuses_to_start_when_no_tasks_alias_uses_this_backend(runjobs)
     foreign = {"TASKS": {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}}
 
     # Checks skipped: they would stop it first, as tests.tasks cannot import under that
-    # backend (E014: it refuses the task options).
+    # backend (E016: it refuses the task options).
     done = runjobs.run(
         "--burst", "--skip-checks", JOBSTATE_TEST_SETTINGS=json.dumps(foreign), timeout=60
     )
