@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any, cast
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
@@ -41,9 +42,11 @@ from .admin_page import (
     stuck_html,
 )
 from .admin_retry import RetryActions
+from .loading import load_task
 from .models import Job
 from .states import State
 from .stuck import Concern, why_stuck
+from .task_options import option_sources, with_settings
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -74,7 +77,7 @@ FIELDSETS = [
             ]
         },
     ),
-    (_("Options"), {"fields": ["max_attempts", "backoff", "timeout"]}),
+    (_("Options"), {"fields": ["max_attempts", "backoff", "timeout", "options_origin"]}),
 ]
 
 
@@ -238,6 +241,26 @@ class JobAdmin(RetryActions, admin.ModelAdmin):
             job.get_unique_scope_display(),
             url,
             _("every attempt and job with this key"),
+        )
+
+    @admin.display(description=_("where the options come from"))
+    def options_origin(self, job: Job) -> str:
+        """Each option's value and its source (JOBSTATE_TASK_OPTIONS, @task or a default),
+        by today's settings and code; the row keeps max_attempts, backoff and timeout as
+        they were at enqueue."""
+        try:
+            task = load_task(job.task_path)
+        except InvalidTask as exc:
+            return str(exc)
+        effective = with_settings(task)
+        stored = {"max_attempts": job.max_attempts, "backoff": job.backoff, "timeout": job.timeout}
+        return format_html_join(
+            "",
+            '<div><code>{}</code> = {} <span class="help">({})</span></div>',
+            (
+                (name, stored[name] if name in stored else getattr(effective, name, None), source)
+                for name, source in option_sources(task).items()
+            ),
         )
 
     @admin.display(description=_("arguments"))

@@ -27,6 +27,7 @@ from .managers import writing
 from .models import Job
 from .payload import encode_payload
 from .states import FailureReason
+from .task_options import with_settings
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -184,7 +185,7 @@ class AttemptRunner:
 
     def task_of(self, path: str) -> Task:
         if path not in self._tasks:
-            self._tasks[path] = load_task(path)
+            self._tasks[path] = with_settings(load_task(path))  # atomic from the setting
         return self._tasks[path]
 
     def previous_attempts(self, job: Job) -> list[Job]:

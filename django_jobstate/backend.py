@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
-from numbers import Real
 from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
@@ -14,17 +13,19 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import OperationalError
 from django.tasks import Task, TaskResult, TaskResultStatus
 from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.backends.immediate import ImmediateBackend as DjangoImmediateBackend
 from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.exceptions import TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 
-from .conf import LIMIT_NAMES, YEAR, Settings, get_settings
-from .exceptions import InvalidPayload
+from .conf import Settings, get_settings
 from .loading import check_loadable
 from .loading import load_task as load_task  # re-exported: worker.py imports it from here
 from .states import FailureReason, State
-from .uniqueness import UniqueScope, is_unique, unique_key, validate_unique
+from .task_options import JobStateTask as JobStateTask  # the public path of the task class
+from .task_options import validate_options, validate_queue, with_settings
+from .testing import DummyBackend as DummyBackend  # the test settings' backends
+from .testing import ImmediateBackend as ImmediateBackend
+from .uniqueness import UniqueScope, is_unique, unique_key
 
 if TYPE_CHECKING:
     from .models import Job
@@ -39,104 +40,6 @@ STATUS = {
     State.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
     State.FAILED: TaskResultStatus.FAILED,
 }
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobStateTask(Task):
-    """A Task with retry and timeout options: `@task(max_attempts=3, backoff=5, timeout=60)`.
-
-    None means the project default (JOBSTATE_DEFAULT_MAX_ATTEMPTS, ..._BACKOFF, ..._TIMEOUT).
-    With `atomic=True` the body runs in a transaction on the jobs' database that also
-    writes the attempt's success, fenced: if the attempt stopped being this worker's (its
-    worker was taken for lost, it timed out), the body's writes roll back with it.
-    """
-
-    max_attempts: int | None = None  # attempts in all, including the first
-    backoff: float | None = None  # seconds before the second attempt; doubles after
-    timeout: float | None = None  # seconds an attempt may run before it is stopped
-    atomic: bool = False
-    # At most one live job per key (uniqueness.py): True keys on every argument, a list of
-    # parameter names on those; unique_key (given per call with .using()) is the key itself.
-    unique: bool | Sequence[str] = False
-    unique_scope: str = UniqueScope.LIVE  # or "queued": one waiting, while one may run
-    on_duplicate: str = "return"  # or "raise": JobAlreadyEnqueued
-    unique_key: str | None = None
-    # The job's metadata at enqueue, per call: task.using(metadata={...}). Not hashed: a dict.
-    metadata: dict[str, Any] | None = field(default=None, hash=False)
-
-    def __post_init__(self) -> None:
-        if isinstance(self.unique, list):  # hashable, as the rest of a Task
-            object.__setattr__(self, "unique", tuple(self.unique))
-        Task.__post_init__(self)
-
-    def using(
-        self,
-        *,
-        unique_key: str | None = None,
-        metadata: dict[str, Any] | None = None,
-        **options: Any,
-    ) -> JobStateTask:
-        """Django's using(), plus `unique_key` (this call's key for uniqueness) and
-        `metadata` (the dict stored with each job enqueued)."""
-        # Task.using, not super(): zero-argument super() fails in a slots dataclass.
-        task = cast(JobStateTask, Task.using(self, **options))
-        ours: dict[str, Any] = {"unique_key": unique_key, "metadata": metadata}
-        ours = {name: value for name, value in ours.items() if value is not None}
-        return replace(task, **ours) if ours else task
-
-
-def _check_option(
-    task: Task, name: str, *, minimum: float, maximum: float | None = None, allow_none: bool = True
-) -> None:
-    value = getattr(task, name, None)
-    if value is None and allow_none:
-        return
-    # typeshed gives numbers.Real no __ge__; `not >=` also refuses NaN.
-    if isinstance(value, bool) or not isinstance(value, Real) or not value >= minimum:  # type: ignore[operator]
-        raise InvalidTask(
-            f"{name} of task {task.module_path!r} must be a number of at least {minimum}, "
-            f"not {value!r}."
-        )
-    if maximum is not None and value > maximum:  # type: ignore[operator]
-        # Beyond it, the datetime arithmetic of a retry or a deadline overflows.
-        raise InvalidTask(
-            f"{name} of task {task.module_path!r} must be at most {maximum:g} seconds "
-            f"({LIMIT_NAMES[maximum]}), not {value!r}."
-        )
-
-
-def validate_options(task: Task) -> None:
-    """Refuse bad values of the options JobStateTask adds, naming the task."""
-    _check_option(task, "max_attempts", minimum=1)
-    max_attempts = getattr(task, "max_attempts", None)
-    if max_attempts is not None and (isinstance(max_attempts, float) or max_attempts > 1000):
-        raise InvalidTask(
-            f"max_attempts of task {task.module_path!r} must be a whole number from 1 to "
-            f"1000, not {max_attempts!r}."
-        )
-    _check_option(task, "backoff", minimum=0, maximum=YEAR)
-    _check_option(task, "timeout", minimum=0.001, maximum=YEAR)
-    if (metadata := getattr(task, "metadata", None)) is not None:
-        from .managers.progress import check_metadata
-
-        try:
-            check_metadata(metadata)
-        except InvalidPayload as exc:
-            raise InvalidTask(f"metadata of task {task.module_path!r}: {exc}") from None
-    if not isinstance(atomic := getattr(task, "atomic", False), bool):
-        raise InvalidTask(
-            f"atomic of task {task.module_path!r} must be True or False, not {atomic!r}."
-        )
-    validate_unique(task)
-
-
-def validate_queue(backend: BaseTaskBackend, task: Task) -> None:
-    """Django's own check, with the valid names in its message."""
-    if backend.queues and task.queue_name not in backend.queues:
-        raise InvalidTask(
-            f"Queue {task.queue_name!r} is not valid for backend {backend.alias!r}; "
-            f"its QUEUES are: {', '.join(sorted(backend.queues))}."
-        )
 
 
 _NOT_INSTALLED = (
@@ -175,6 +78,7 @@ class JobStateBackend(BaseTaskBackend):
 
         Not part of django.tasks: a fast path for enqueueing thousands of jobs.
         """
+        task = with_settings(task)  # JOBSTATE_TASK_OPTIONS' options win over @task's
         self.validate_task(task)
         check_loadable(task)
         if not apps.is_installed("django_jobstate"):
@@ -335,7 +239,7 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
     """Describe one logical task from all its attempts, oldest first."""
     first, newest = attempts[0], attempts[-1]
     if task is None:
-        task = load_task(newest.task_path)
+        task = with_settings(load_task(newest.task_path))
     # The task as enqueued: a run_after other than the enqueue time was given to .using().
     run_after = None if first.run_after == first.enqueued_at else first.run_after
     stored = (newest.queue_name, newest.priority, newest.backend, run_after)
@@ -373,19 +277,3 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
     if newest.state == State.SUCCEEDED:
         object.__setattr__(result, "_return_value", newest.return_value)
     return result
-
-
-class ImmediateBackend(DjangoImmediateBackend):
-    """For test settings: runs each task at enqueue(), in the caller's process, as Django's
-    ImmediateBackend does, and accepts every task option of JobStateBackend.
-
-    The options are checked as JobStateBackend checks them, then ignored: one attempt, no
-    timeout, no transaction of its own (atomic), as in a test that calls the task directly.
-    """
-
-    task_class = JobStateTask
-
-    def validate_task(self, task: Task) -> None:
-        validate_queue(self, task)
-        super().validate_task(task)
-        validate_options(task)

@@ -7,7 +7,6 @@ bad value (a string, a negative number) instead of crashing on it.
 import difflib
 import importlib.util
 import math
-import sys
 import zoneinfo
 from dataclasses import fields
 from datetime import UTC, datetime, timedelta
@@ -18,13 +17,10 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, register
 from django.core.checks import Warning as CheckWarning
 from django.db import connections, router
-from django.tasks import Task, task_backends
-from django.tasks.exceptions import InvalidTaskBackend
 from django.utils.module_loading import import_string
 
-from .backend import ImmediateBackend, JobStateBackend
+from .backend import DummyBackend, ImmediateBackend, JobStateBackend
 from .conf import LIMIT_NAMES, MAXIMUM, Settings
-from .loading import is_task_module
 
 DEFAULTS = {f.name: f.default for f in fields(Settings)}
 # The numeric settings, with the types each allows (int, float, None), read from its hint.
@@ -37,6 +33,7 @@ NUMBERS = {
 # cancelled attempt at once.
 ZERO_ALLOWED = {"DEFAULT_BACKOFF", "MAX_BACKOFF", "CANCEL_GRACE"}
 MAX_ATTEMPTS_LIMIT = 1000  # as for @task(max_attempts=...)
+JOBSTATE_BACKENDS = (JobStateBackend, ImmediateBackend, DummyBackend)
 BACKEND_PATH = f"{JobStateBackend.__module__}.{JobStateBackend.__qualname__}"
 
 
@@ -158,8 +155,8 @@ def check_tasks_backend(app_configs: Any = None, **kwargs: Any) -> list[CheckMes
             backend = import_string(config["BACKEND"])
         except (ImportError, KeyError, TypeError):
             continue  # django.tasks reports a backend it cannot load
-        # The app's ImmediateBackend is the test settings' JobStateBackend.
-        if isinstance(backend, type) and issubclass(backend, JobStateBackend | ImmediateBackend):
+        # The app's ImmediateBackend and DummyBackend are the test settings' JobStateBackend.
+        if isinstance(backend, type) and issubclass(backend, JOBSTATE_BACKENDS):
             return []
     return [
         CheckWarning(
@@ -209,68 +206,6 @@ def check_sqlite_time_zone(app_configs: Any = None, **kwargs: Any) -> list[Check
         for alias in connections
         if connections[alias].vendor == "sqlite" and router.allow_migrate_model(alias, Job)
     ]
-
-
-@register()
-def check_task_modules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    listed = _raw("TASK_MODULES")
-    if not isinstance(listed, list | tuple) or not all(isinstance(n, str) for n in listed):
-        return [
-            Error(
-                f"JOBSTATE_TASK_MODULES must be a list of dotted module paths, not "
-                f"{type(listed).__name__} {listed!r}.",
-                hint='For example: JOBSTATE_TASK_MODULES = ["myproject.jobs"].',
-                id="django_jobstate.E007",
-            )
-        ]
-    messages: list[CheckMessage] = []
-    for name in listed:
-        try:
-            found = importlib.util.find_spec(name) is not None  # imports its parents only
-        except (ImportError, ValueError):
-            found = False
-        if not found:
-            messages.append(
-                Error(
-                    f"JOBSTATE_TASK_MODULES lists {name!r}, which is not an importable module.",
-                    hint="Workers import every listed module to find tasks: fix or remove it.",
-                    id="django_jobstate.E008",
-                )
-            )
-    return messages or _tasks_workers_would_refuse()
-
-
-def _tasks_workers_would_refuse() -> list[CheckMessage]:
-    """Warn of the tasks imported so far whose module no worker imports.
-
-    Only the modules this process has imported (with the URLconf, that is most of them)
-    can be seen; enqueue() refuses the others anyway.
-    """
-    messages: list[CheckMessage] = []
-    for module_name, module in list(sys.modules.items()):
-        for task in list(getattr(module, "__dict__", {}).values()):
-            if (
-                not isinstance(task, Task)
-                or task.func.__module__ != module_name  # imported from elsewhere
-                or is_task_module(module_name)
-            ):
-                continue
-            try:
-                backend = task_backends[task.backend]
-            except InvalidTaskBackend:
-                continue  # django.tasks reports a backend it cannot load
-            if isinstance(backend, JobStateBackend):
-                messages.append(
-                    CheckWarning(
-                        f"Workers would refuse the task {task.module_path!r}, and enqueue() "
-                        f"raises for it: {module_name!r} is not a task module of this "
-                        f"project.",
-                        hint=f"Define it in an installed app's `tasks` module, or add "
-                        f"{module_name!r} to JOBSTATE_TASK_MODULES.",
-                        id="django_jobstate.W004",
-                    )
-                )
-    return messages
 
 
 @register()

@@ -3,6 +3,7 @@
 import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from types import MappingProxyType
 from typing import Any
 
 from django.conf import settings as django_settings
@@ -30,6 +31,9 @@ class Settings:
     # Dotted paths of modules that define tasks, besides every installed app's `tasks`
     # module: the only modules a worker imports to find a job's task (loading.py).
     TASK_MODULES: Sequence[str] = ()
+    # {"app.tasks.name": {"unique": True, "max_attempts": 3, ...}}: options of tasks by
+    # path, for tasks you do not own; they win over @task's own (task_options.py).
+    TASK_OPTIONS: Mapping[str, Mapping[str, Any]] = MappingProxyType({})
     # OpenTelemetry spans for enqueue and each attempt (tracing.py; needs opentelemetry-api).
     TRACING: bool = False
     # {"succeeded": "7d", "failed": "30d"}: prune older finished tasks hourly, on a built-in

@@ -8,10 +8,22 @@ installed app's `tasks` module (found as the admin finds `admin` modules) and th
 listed in JOBSTATE_TASK_MODULES, all imported once per process, whatever the row says, and
 the submodules of those that are packages (a `tasks/` package of several files). Any other
 module is looked up only if this process imported it already: no code runs for it.
+
+A third-party app's task may be defined elsewhere and reach the project through a task
+module's import (Wagtail's search task lives in `modelsearch.tasks` and is re-exported
+by `wagtail.search.tasks`). Such a task is *exposed*: a row may name it by its own path,
+because the Task object is found in a project task module's namespace, after the task
+modules were imported; never because the row names its module, which is not imported
+for it.
+
+A task module that fails to import is remembered with its error (checks.py reports it)
+rather than raised from every caller: one broken app must not turn every command into a
+bare traceback.
 """
 
 import functools
 import sys
+import types
 from importlib import import_module
 
 from django.apps import apps
@@ -24,28 +36,67 @@ from .conf import get_settings
 
 def how_to_allow(module_name: str) -> str:
     return (
-        f"define the task in an installed app's `tasks` module, or add {module_name!r} to "
-        f"the JOBSTATE_TASK_MODULES setting"
+        f"define the task in an installed app's `tasks` module (or import it there), or "
+        f"add {module_name!r} to the JOBSTATE_TASK_MODULES setting"
     )
 
 
 def task_modules() -> frozenset[str]:
     """Import the project's task modules (the first time) and return their names."""
-    return _discover(tuple(get_settings().TASK_MODULES))
+    return _discover(tuple(get_settings().TASK_MODULES))[0]
+
+
+def import_errors() -> dict[str, str]:
+    """The task modules that failed to import, each with its error ("ImportError: ...")."""
+    return dict(_discover(tuple(get_settings().TASK_MODULES))[1])
 
 
 # Keyed by the setting, so that a test's override_settings gets its modules imported too.
 @functools.cache
-def _discover(listed: tuple[str, ...]) -> frozenset[str]:
+def _discover(listed: tuple[str, ...]) -> tuple[frozenset[str], tuple[tuple[str, str], ...]]:
     names = [
         f"{config.name}.tasks"
         for config in apps.get_app_configs()
         if module_has_submodule(config.module, "tasks")
     ]
     names += listed
+    failed = []
     for name in names:
-        import_module(name)
-    return frozenset(names)
+        try:
+            import_module(name)
+        except Exception as exc:  # any error of the module's own code
+            failed.append((name, f"{type(exc).__name__}: {exc}"))
+    return frozenset(names), tuple(failed)
+
+
+def exposed_task(path: str) -> Task | None:
+    """The Task whose own path is `path`, found in a project task module's namespace.
+
+    Reads only modules already imported (the task modules and their imported
+    submodules): nothing is imported on the path's behalf.
+    """
+    return exposed_tasks().get(path)
+
+
+def exposed_tasks() -> dict[str, Task]:
+    """Every Task the project's task modules define or expose, by its own path."""
+    return {
+        obj.module_path: obj
+        for module in _imported_task_modules()
+        for obj in list(getattr(module, "__dict__", {}).values())
+        if isinstance(obj, Task)
+    }
+
+
+def _imported_task_modules() -> list[types.ModuleType]:
+    names = task_modules()
+    packages = [f"{name}." for name in names if hasattr(sys.modules.get(name), "__path__")]
+    found = [sys.modules[name] for name in names if name in sys.modules]
+    if packages:  # a `tasks/` package: its submodules imported so far
+        found += [
+            module for name, module in list(sys.modules.items()) if name.startswith(tuple(packages))
+        ]
+    return found
 
 
 def is_task_module(name: str) -> bool:
@@ -63,8 +114,12 @@ def load_task(path: str) -> Task:
     if module is None and is_task_module(module_name):
         try:
             module = import_module(module_name)
-        except ImportError as exc:
-            raise InvalidTask(f"Cannot import the task {path!r}: {exc}") from None
+        except Exception as exc:  # its own code's error, whatever it is
+            raise InvalidTask(
+                f"Cannot import the task {path!r}: {type(exc).__name__}: {exc}"
+            ) from None
+    if module is None and module_name and (exposed := exposed_task(path)) is not None:
+        return exposed
     if module is None:
         why = (
             f"{module_name!r} is not a task module of this project, and workers import "
@@ -91,6 +146,9 @@ def check_loadable(task: Task) -> None:
     """Raise InvalidTask unless a worker would find `task` by its path."""
     module_name = task.module_path.rpartition(".")[0]
     if not is_task_module(module_name):
+        exposed = exposed_task(task.module_path)
+        if exposed is not None and exposed.func is task.func:
+            return  # a third-party app's task, imported by a task module
         raise InvalidTask(
             f"A worker would refuse the task {task.module_path!r}: its module "
             f"{module_name!r} is not a task module of this project, and workers import no "

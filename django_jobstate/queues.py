@@ -32,12 +32,12 @@ def configured_queues() -> tuple[set[str], bool]:
     them lists none, so that it accepts any queue name."""
     from django.tasks import task_backends
 
-    from .backend import ImmediateBackend, JobStateBackend
+    from .backend import DummyBackend, ImmediateBackend, JobStateBackend
 
     names: set[str] = set()
     open_ended = False
     for backend in task_backends.all():
-        if isinstance(backend, JobStateBackend | ImmediateBackend):
+        if isinstance(backend, JobStateBackend | ImmediateBackend | DummyBackend):
             names |= set(backend.queues)
             open_ended = open_ended or not backend.queues
     return names, open_ended

@@ -16,6 +16,7 @@ from .conf import get_settings
 from .loading import load_task
 from .models import Job, Schedule
 from .schedules import Definition
+from .task_options import with_settings
 from .uniqueness import UniqueScope, is_unique, unique_key
 
 logger = logging.getLogger("django_jobstate.scheduler")
@@ -119,7 +120,7 @@ def enqueue_tick(db: str, d: Definition, tick: datetime, *, last_result_id: Any 
     then checked on its last tick's job, `last_result_id`; for another task, it is the
     key `schedule:<name>`.
     """
-    task = load_task(d.task_path)
+    task = with_settings(load_task(d.task_path))  # JOBSTATE_TASK_OPTIONS, as at enqueue()
     unique: dict[str, Any] = {}
     if is_unique(task):
         scope = UniqueScope(getattr(task, "unique_scope", UniqueScope.LIVE))

@@ -24,6 +24,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "django_jobstate",
     "tests",
+    "tests.searchapp",  # a third-party app: its tasks.py re-exports tests.searchlib's tasks
 ]
 
 MIDDLEWARE = [

@@ -247,8 +247,8 @@ def test_an_imported_task_that_workers_would_refuse_is_reported(make_module):
             "django_jobstate.W004",
             f"Workers would refuse the task '{name}.job', and enqueue() raises for it: "
             f"{name!r} is not a task module of this project.",
-            f"Define it in an installed app's `tasks` module, or add {name!r} to "
-            f"JOBSTATE_TASK_MODULES.",
+            f"Define it in an installed app's `tasks` module (or import it there), or add "
+            f"{name!r} to JOBSTATE_TASK_MODULES.",
         )
     ]
     assert listed == []

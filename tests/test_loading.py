@@ -81,8 +81,8 @@ def test_a_task_outside_the_task_modules_is_refused_at_enqueue_until_listed(make
     assert str(refused.value) == (
         f"A worker would refuse the task '{name}.job': its module {name!r} is not a task "
         f"module of this project, and workers import no other; define the task in an "
-        f"installed app's `tasks` module, or add {name!r} to the JOBSTATE_TASK_MODULES "
-        f"setting."
+        f"installed app's `tasks` module (or import it there), or add {name!r} to the "
+        f"JOBSTATE_TASK_MODULES setting."
     )
     assert not Job.objects.exists()
     with override_settings(JOBSTATE_TASK_MODULES=[name]):
