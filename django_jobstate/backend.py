@@ -12,18 +12,25 @@ from django.apps import apps
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import OperationalError
-from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.backends.immediate import ImmediateBackend as DjangoImmediateBackend
-from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
 
 from .conf import LIMIT_NAMES, YEAR, Settings, get_settings
 from .exceptions import InvalidPayload
 from .loading import check_loadable
 from .loading import load_task as load_task  # re-exported: worker.py imports it from here
 from .states import FailureReason, State
+from .tasksapi import (
+    TASK_REFRESH_ATTRS,
+    BaseTaskBackend,
+    InvalidTask,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    send,
+    task_enqueued,
+)
+from .tasksapi import ImmediateBackend as DjangoImmediateBackend
 from .uniqueness import UniqueScope, is_unique, unique_key, validate_unique
 
 if TYPE_CHECKING:
@@ -202,7 +209,7 @@ class JobStateBackend(BaseTaskBackend):
                 results.append(to_task_result(attempts, task if same else None))
                 continue
             result = to_task_result([job], task)
-            task_enqueued.send(type(self), task_result=result)
+            send(task_enqueued, type(self), task_result=result)
             results.append(result)
         return results
 

@@ -18,13 +18,12 @@ from django.conf import settings
 from django.core.checks import CheckMessage, Error, register
 from django.core.checks import Warning as CheckWarning
 from django.db import connections, router
-from django.tasks import Task, task_backends
-from django.tasks.exceptions import InvalidTaskBackend
 from django.utils.module_loading import import_string
 
 from .backend import ImmediateBackend, JobStateBackend
 from .conf import LIMIT_NAMES, MAXIMUM, Settings
 from .loading import is_task_module
+from .tasksapi import InvalidTaskBackend, Task, task_backends
 
 DEFAULTS = {f.name: f.default for f in fields(Settings)}
 # The numeric settings, with the types each allows (int, float, None), read from its hint.

@@ -31,7 +31,6 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import F
 from django.db.models.expressions import RawSQL
-from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
 from .conf import get_settings
@@ -39,6 +38,7 @@ from .loading import load_task
 from .models import Job, Schedule
 from .schedule_settings import load
 from .schedules import Definition, Plan
+from .tasksapi import InvalidTask
 from .uniqueness import UniqueScope
 
 logger = logging.getLogger("django_jobstate.scheduler")

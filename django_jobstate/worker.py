@@ -30,7 +30,6 @@ from django.db import (
     router,
 )
 from django.db.models.functions import Now
-from django.tasks import Task
 
 from . import metrics
 from .attempts import AttemptRunner, Outcome
@@ -40,6 +39,7 @@ from .logs import job_fields
 from .managers import ClaimKey, claim_key
 from .models import Job, JobQueue
 from .recording import OutcomeWriter
+from .tasksapi import Task
 from .wakeup import Waiter
 from .watchdog import Watchdog
 
