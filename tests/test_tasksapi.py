@@ -6,6 +6,7 @@ pair tests what it has (Django 5.2 + backport, 6.0 + backport, 6.1 with and with
 
 import importlib
 import importlib.util
+import logging
 import subprocess
 import sys
 import time
@@ -116,3 +117,30 @@ def test_every_present_frameworks_signals_are_sent():
         for module_name in SIGNAL_MODULES
         for name in ("task_enqueued", "task_started", "task_finished")
     )
+
+
+# What differs under the backport (README, Requirements)
+
+
+@pytest.mark.django_db
+def test_the_frameworks_log_lines_and_exception_names(caplog):
+    backport = tasksapi.FRAMEWORK == "django_tasks"
+    caplog.set_level(logging.DEBUG, logger=tasksapi.FRAMEWORK)
+
+    result = tasks.record.enqueue("logged")
+
+    logged = [r.getMessage() for r in caplog.records if r.name == tasksapi.FRAMEWORK]
+    assert any(result.id in line and "enqueued" in line for line in logged)
+    name = "InvalidTaskError" if backport else "InvalidTask"
+    assert f"{tasksapi.InvalidTask.__module__}.{tasksapi.InvalidTask.__name__}" == (
+        f"{tasksapi.FRAMEWORK}.exceptions.{name}"
+    )
+
+
+@pytest.mark.skipif(django.VERSION[:2] != (6, 0), reason="Django 6.0's own @task")
+def test_on_django_6_0_its_own_decorator_builds_our_task_but_refuses_options():
+    from django.tasks import task
+
+    assert isinstance(task(tasks.record.func), JobStateTask)
+    with pytest.raises(TypeError, match="max_attempts"):
+        task(max_attempts=3)(tasks.record.func)
