@@ -117,7 +117,7 @@ def send(signal: Signal, sender: type, **kwargs: Any) -> list[tuple[Any, Any]]:
     costs nothing and leaves a project without the other framework untouched.
     """
     responses = signal.send(sender, **kwargs)
-    other = sys.modules.get(OTHER_SIGNALS)
-    if other is not None:
-        responses += getattr(other, _NAMES[id(signal)]).send(sender, **kwargs)
+    other = getattr(sys.modules.get(OTHER_SIGNALS), _NAMES[id(signal)], signal)
+    if other is not signal:  # never twice to the same receivers
+        responses += other.send(sender, **kwargs)
     return responses
