@@ -23,6 +23,9 @@ class Execution(models.Model):
     # Set by a body planned to overrun its timeout that is still alive after it: its
     # process should have been killed at the deadline.
     ended_at = models.DateTimeField(null=True)
+    # Set by a fast job of a mixed batch when its body returned (the database clock):
+    # its success must be written soon after, whatever else its worker runs.
+    returned_at = models.DateTimeField(null=True)
 
     class Meta:
         app_label = "bench"

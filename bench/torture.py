@@ -28,6 +28,13 @@ and on PostgreSQL their clocks are skewed in turn by -/+/0 --skew seconds
   namespace reaching the server over a veth, tests/netns.py, through bench/torture_proxy.py)
   and cuts that link for longer than the window, then restores it: its attempts are
   rescued by the others, its late outcomes refused. Not root: skipped, with a note.
+- runs the workloads of bench/torture_workloads.py, each drawn from the seed and
+  switched off by its own --no-... flag: cancels at random moments, a schedule ticking
+  every second, unique tasks enqueued while the workers drain, mixed batches (fast jobs
+  and a slow one, its worker sometimes killed), rows locked by another connection, and
+  the job table locked while attempts with a 1 s timeout run (one of the faults that
+  take the database away). Their checks, and why each is sound, are in
+  bench/torture_check_workloads.py.
 Those that take the database or the network away run one at a time, apart from each
 other. Then, with no fault left, it waits until every logical task is terminal (bound: the
 lost-after window plus --drain-margin), stops the supervisors, prints a table of figures
@@ -45,10 +52,11 @@ the default), the rest `flaky` (5 attempts); 10% of them sleep 0.2-1.5 s; 2% (at
 raise errors that are hard to store (a NUL, a lone surrogate, a str() that raises) in 3
 of 4 attempts; any other attempt fails with probability --fail-rate. --seed fixes the mix
 and the schedule of faults; the result ids, and so which attempts fail, and the timing
-differ from run to run. --in-flight N runs N attempts at once per worker process (in
-every other supervisor only, with --in-flight-alternate), and
---async-fraction makes that share of the tasks `async def` twins of the same plans (with
---in-flight, on the worker's event loop, where an overrun is cancelled at its deadline).
+differ from run to run. --in-flight N runs N attempts at once per worker process (with
+--in-flight-alternate, in every other supervisor only, a replacement running as the one
+killed did), and --async-fraction makes that share of the tasks `async def` twins of the
+same plans (with --in-flight, on the worker's event loop, where an overrun is cancelled
+at its deadline).
 
 Why each check is sound:
 - Executions of an attempt after it was already failed: an Execution row whose attempt was
@@ -117,6 +125,8 @@ from typing import Any, TypeVar
 
 if __package__ in (None, ""):  # run as a script: import bench.*, not bench/bench.py
     sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from bench import torture_workloads as workloads
 
 ROOT = Path(__file__).resolve().parent.parent
 SETTINGS = "bench.torture_settings"
@@ -193,6 +203,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument(
         "--drain-margin", type=float, default=30.0, help="seconds, beyond lost-after"
     )
+    workloads.add_arguments(parser)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
     options = parser.parse_args(argv)
@@ -211,6 +222,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         options.outages = max(1, round(d / 90))
     if options.gil_jobs is None:
         options.gil_jobs = max(2, round(options.jobs / 250))
+    workloads.resolve(options)
     options.restart = options.db == "postgres" and not options.no_restart
     needs_pg_ctl = options.restart or (options.db == "postgres" and options.outages)
     if needs_pg_ctl and not os.environ.get("JOBSTATE_PG_CTL"):
@@ -320,7 +332,7 @@ class Partition:
         self.network.close()  # kills what runs in the namespaces, the forwarder included
 
 
-class Torture:
+class Torture(workloads.Workloads):
     def __init__(self, options: argparse.Namespace, run_dir: Path) -> None:
         self.options = options
         self.run_dir = run_dir
@@ -338,6 +350,7 @@ class Torture:
         self.away: tuple[float, Any] | None = None
         self.lock: sqlite3.Connection | None = None  # SQLite: holds the write lock
         self.cut_waits = 0
+        self.init_workloads()
 
     # ---------------------------------------------------------------- set-up
 
@@ -420,7 +433,10 @@ class Torture:
             with transaction.atomic():
                 for task, kind, seconds, fail_rate in specs[start : start + 250]:
                     run_after = now + timedelta(seconds=rng.uniform(0, SPREAD * o.duration))
-                    task.using(run_after=run_after).enqueue(o.seed, kind, seconds, fail_rate)
+                    result = task.using(run_after=run_after).enqueue(
+                        o.seed, kind, seconds, fail_rate
+                    )
+                    self.enqueued_ids.add(str(result.id))
 
     # ----------------------------------------------------------- supervisors
 
@@ -439,10 +455,14 @@ class Torture:
             clock = str(ROOT / "tests" / "clock_skew")
             env["PYTHONPATH"] = os.pathsep.join(filter(None, [clock, env.get("PYTHONPATH")]))
             env["JOBSTATE_TEST_CLOCK_SKEW"] = str(skew)
-        # With --in-flight-alternate, every other supervisor runs one attempt at a time.
+        # With --in-flight-alternate, every other supervisor runs one attempt at a time,
+        # and one started for a killed one runs as it did (both modes until the end).
         in_flight = self.options.in_flight
-        if self.options.in_flight_alternate and index % 2 == 0:
-            in_flight = 1
+        if self.options.in_flight_alternate:
+            live = self.live_supervisors(here=True)
+            one_at_a_time = sum(s.in_flight == 1 for s in live)
+            if (index % 2 == 0) if host else one_at_a_time <= len(live) - one_at_a_time:
+                in_flight = 1
         command = [
             sys.executable,
             str(ROOT / "manage.py"),
@@ -535,41 +555,63 @@ class Torture:
         # One at a time, each followed by a window with the database and network back (so
         # that judges are judges again): outages, the partition, the restart.
         away = ["outage"] * o.outages + ["cut"] * o.partition + ["restart"] * o.restart
+        away += ["table_lock"] * o.table_lock
         rng.shuffle(away)
         length = {"outage": long_pause, "cut": long_pause, "restart": 2.0}
-        gap = self.lost_after + WINDOW_EXTRA
-        busy = sum(length[a] + gap for a in away)
+        length["table_lock"] = self.lost_after + 1.0  # and the wait for its deadlines
+        # The connections of a table lock stay up: no window for judges to come back.
+        gaps = {a: 1.0 if a == "table_lock" else self.lost_after + WINDOW_EXTRA for a in away}
+        busy = sum(length[a] + gaps[a] for a in away)
         slack = max(0.0, 0.8 * d - busy)
         cuts = sorted(rng.uniform(0, slack) for _ in away)
         at = 0.05 * d
         for action, (before, after) in zip(away, itertools.pairwise([0.0, *cuts]), strict=True):
             at += after - before
             events.append((at, action))
-            at += length[action] + gap
+            at += length[action] + gaps[action]
+        events += self.workload_events(d)
         return sorted(events)
 
     def run_faults(self) -> None:
         events = self.schedule()
         started = time.monotonic()
+        self.start_uniques()
         while (elapsed := time.monotonic() - started) < self.options.duration:
             # While the database or the network is away, the other faults wait: each
             # figure then has one cause.
             while events and events[0][0] <= elapsed and self.away is None:
                 action = events.pop(0)[1]
                 # Not now (no worker to pick yet, on a slow start): a moment later.
-                if getattr(self, action)() is False:
+                if self.act(action) is False:
                     events = sorted([*events, (elapsed + 0.25, action)])
+            if self.pending_kills and self.away is None:
+                self.kill_batches()
             self.tick()
             time.sleep(0.05)
-        for _, action in events:  # a slow machine: run what is left rather than skip it
+        for _, action in [*events, (0.0, "kill_batches")]:  # a slow machine: run what is left
             for _attempt in range(40):
-                while self.away is not None:
-                    self.tick()
-                    time.sleep(0.05)
-                if getattr(self, action)() is not False:
+                self.wait_until_back()
+                if self.act(action) is not False:
                     break
                 self.tick()
                 time.sleep(0.25)
+        # The unique tasks' threads wait on a table lock: the lock ends first.
+        self.wait_until_back()
+        self.stop_threads()
+
+    def act(self, action: str) -> Any:
+        """Do one fault or workload action; say so when it held this loop up."""
+        started = time.monotonic()
+        result = getattr(self, action)()
+        if (took := time.monotonic() - started) > 2.0:
+            print(f"  {self.clock()} ({action} took {took:.1f} s)")
+        return result
+
+    def wait_until_back(self) -> None:
+        """Wait while the database or the network is away (an outage, a cut, a lock)."""
+        while self.away is not None:
+            self.tick()
+            time.sleep(0.05)
 
     def tick(self) -> None:
         """End faults that are due, replace dead supervisors, sample the invariant."""
@@ -588,7 +630,8 @@ class Torture:
         if time.monotonic() - self.last_learned >= 1.0:
             self.last_learned = time.monotonic()
             self.learn()
-        if time.monotonic() - self.last_sample >= 0.2:
+        # Not while the job table is locked: this loop would wait for itself.
+        if time.monotonic() - self.last_sample >= 0.2 and self.table_conn is None:
             self.last_sample = time.monotonic()
             self.sample()
 
@@ -601,10 +644,16 @@ class Torture:
             live = Job.objects.live().order_by().values("result_id")
             return [str(row["result_id"]) for row in live.annotate(n=Count("id")).filter(n__gt=1)]
 
+        def keys() -> list[str]:
+            live = Job.objects.live().filter(unique_key__isnull=False).order_by()
+            rows = live.values("unique_key").annotate(n=Count("id")).filter(n__gt=1)
+            return [row["unique_key"] for row in rows]
+
         multi = self.guarded(query, None)
         if multi is not None:
             self.faults.samples += 1
             self.faults.multi_live.update(multi)
+            self.faults.workload.unique_multi.update(self.guarded(keys, []))
 
     def pick_worker(self, *, deadline_within: float | None = None) -> tuple[int, str] | None:
         """A worker of a live supervisor on this host, not paused: mid-body if any, else
@@ -755,12 +804,8 @@ class Torture:
 
         started = time.monotonic()
         print(f"  {self.clock()} restarting PostgreSQL")
-        subprocess.run(
-            [os.environ["JOBSTATE_PG_CTL"], "restart", "-m", "fast", "-w"],
-            check=True,
-            capture_output=True,
-            timeout=120,
-        )
+        self.faults.restarted_at.append(self.db_now())
+        pg_ctl("restart", "-m", "fast")
         connection.close()
         self.faults.restarts.append(time.monotonic() - started)
 
@@ -773,19 +818,11 @@ class Torture:
         seconds = self.lost_after + WINDOW_EXTRA
         at = self.db_now()
         if self.options.db == "postgres":
-            subprocess.run(
-                [os.environ["JOBSTATE_PG_CTL"], "stop", "-m", "fast", "-w"],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
+            pg_ctl("stop", "-m", "fast")
             connection.close()
             what = "PostgreSQL stopped"
         else:  # the write lock, held by another connection as a long bulk enqueue would
-            self.lock = sqlite3.connect(
-                str(connection.settings_dict["NAME"]), timeout=60, isolation_level=None
-            )
-            self.lock.execute("BEGIN IMMEDIATE")
+            self.hold_sqlite_write_lock()
             at = self.db_now()
             what = "SQLite's write lock held"
         outage = Outage(what, at)
@@ -830,18 +867,15 @@ class Torture:
         if self.partition is not None and fault in self.faults.cuts:
             self.partition.link.restore()
             print(f"  {self.clock()} link restored")
+        elif self.release_table_lock():
+            pass
         elif self.lock is not None:
             self.lock.execute("ROLLBACK")
             self.lock.close()
             self.lock = None
             print(f"  {self.clock()} SQLite's write lock released")
         else:
-            subprocess.run(
-                [os.environ["JOBSTATE_PG_CTL"], "start", "-w"],
-                check=True,
-                capture_output=True,
-                timeout=120,
-            )
+            pg_ctl("start")
             print(f"  {self.clock()} PostgreSQL started")
         fault.ended = self.db_now()
         self.away = None
@@ -854,15 +888,17 @@ class Torture:
 
         for pid in list(self.paused):
             self.resume(pid)
-        if self.away is not None:
-            self.come_back()
+        self.wait_until_back()  # the last outage or cut lasts as long as the others
         while len(self.live_supervisors(here=True)) < self.options.supervisors:
             self.start_supervisor()
         started = time.monotonic()
         bound = self.lost_after + self.options.drain_margin
+        # The schedule goes on ticking: its ticks from now on are past the run.
+        until = self.faults.workload.ticks_until = self.db_now()
+        live = Job.objects.live().exclude(scheduled_for__gte=until)
         while time.monotonic() - started < bound:
             self.tick()
-            if self.guarded(lambda: not Job.objects.live().exists(), False):
+            if self.guarded(lambda: not live.exists(), False):
                 break
             time.sleep(0.2)
         return time.monotonic() - started, bound
@@ -883,6 +919,7 @@ class Torture:
         return codes
 
     def cleanup(self) -> None:
+        self.stop_threads(every=True)
         for pid in list(self.paused):
             self.resume(pid)
         if self.away is not None:
@@ -927,6 +964,12 @@ class Torture:
                 time.sleep(0.5)
 
 
+def pg_ctl(*args: str) -> None:
+    """Stop, start or restart the PostgreSQL server of the run, and wait until done."""
+    command = [os.environ["JOBSTATE_PG_CTL"], *args, "-w"]
+    subprocess.run(command, check=True, capture_output=True, timeout=120)
+
+
 def command_line(argv: list[str], seed: int) -> str:
     args = list(argv)
     if "--seed" not in args and not any(a.startswith("--seed=") for a in args):
@@ -968,6 +1011,8 @@ def main(argv: list[str] | None = None) -> int:
         JOBSTATE_TORTURE_DB=options.db,
         JOBSTATE_TORTURE_DB_NAME=database.name,
     )
+    if options.ticks:  # the supervisors' settings then have the schedule
+        os.environ["JOBSTATE_TORTURE_TICKS"] = str(options.seed)
     import django
 
     django.setup()
@@ -991,7 +1036,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {torture.clock()} faults over; draining")
         took, bound = torture.drain()
         codes = torture.stop_supervisors()
-        figures = check(options.jobs, torture.faults, torture.log_text(), torture.lost_after)
+        torture.faults.workload.ticks = options.ticks
+        figures = check(
+            options.jobs,
+            torture.enqueued_ids,
+            torture.faults,
+            torture.log_text(),
+            torture.lost_after,
+        )
         figures["drain"] = Figure(
             "seconds from the last fault until every task was terminal",
             f"{took:.1f}",

@@ -30,6 +30,7 @@ from bench.torture_tasks import (
     planned_error,
     stored_message,
 )
+from bench.torture_workloads import Workload
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
 
@@ -99,6 +100,7 @@ class Faults:
     kills: list[Kill] = field(default_factory=list)
     pauses: list[Pause] = field(default_factory=list)
     restarts: list[float] = field(default_factory=list)  # seconds each PostgreSQL restart took
+    restarted_at: list[datetime] = field(default_factory=list)  # database clock
     outages: list[Outage] = field(default_factory=list)
     cuts: list[Cut] = field(default_factory=list)
     # {worker-id prefix: (supervisor index, clock skew, network namespace or "")}
@@ -108,6 +110,8 @@ class Faults:
     multi_live: set[str] = field(default_factory=set)  # result ids seen with 2+ live attempts
     supervisors_died: int = 0  # supervisors that exited without being killed
     in_flight: set[str] = field(default_factory=set)  # worker-id prefixes run --in-flight
+    table_locks: list[Outage] = field(default_factory=list)  # the job table locked
+    workload: Workload = field(default_factory=Workload)  # cancels, ticks, unique, ...
 
 
 @dataclass
@@ -145,10 +149,21 @@ def _base(worker_id: str | None) -> str:
     return (worker_id or "").rsplit("/", 1)[0]
 
 
-def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> dict[str, Figure]:
+def check(
+    enqueued: int, enqueued_ids: set[str], faults: Faults, log_text: str, lost_after: float
+) -> dict[str, Figure]:
     """Compute every figure of the report (an ordered dict: key -> Figure)."""
     jobs = list(Job.objects.order_by("result_id", "attempt").values())
     executions = list(Execution.objects.values())
+    # The schedule's ticks from the drain on are past the run (some are still queued).
+    until = faults.workload.ticks_until
+    past = {
+        str(j["result_id"])
+        for j in jobs
+        if until is not None and j["scheduled_for"] is not None and j["scheduled_for"] >= until
+    }
+    jobs = [j for j in jobs if str(j["result_id"]) not in past]
+    executions = [e for e in executions if str(e["result_id"]) not in past]
     by_key = {(str(j["result_id"]), j["attempt"]): j for j in jobs}
     by_pk = {j["id"]: j for j in jobs}
     runs = Counter((str(e["result_id"]), e["attempt"]) for e in executions)
@@ -214,6 +229,8 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
             failures[reason] += 1
             if reason == FailureReason.RELEASED:
                 verdict = "released"
+            elif reason == FailureReason.CANCELLED:  # checked with the cancels
+                verdict = "cancelled"
             elif reason == FailureReason.ERROR and error_class in PLANNED_ERRORS:
                 wanted = planned_error(seed, kind, rid, j["attempt"])
                 stored = (error_class, j["error_message"])
@@ -281,7 +298,11 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
             and len(ran) <= attempts[0]["max_attempts"]
             and all(a["state"] == State.FAILED for a in attempts[:-1])
             and not released[-1]
-            and not (last["state"] == State.FAILED and len(ran) < attempts[0]["max_attempts"])
+            and not (
+                last["state"] == State.FAILED
+                and len(ran) < attempts[0]["max_attempts"]
+                and last["failure_reason"] != FailureReason.CANCELLED  # never retried
+            )
         )
         if not chain_ok:
             broken += 1
@@ -299,6 +320,9 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
             planned_failures += last["state"] == State.FAILED
             continue
         verdicts = [outcome_ok[a["id"]] for a in attempts]
+        if "cancelled" in verdicts:
+            through_faults["cancelled"] += 1
+            continue
         if chain_ok and "contrary" not in verdicts:
             through_faults["once" if attempts[0]["max_attempts"] == 1 else "retried"] += 1
         else:
@@ -318,6 +342,7 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
                 FailureReason.INTERRUPTED,
                 FailureReason.RELEASED,  # claimed, never started: handed back
                 FailureReason.TIMEOUT,  # its deadline came first
+                FailureReason.CANCELLED,  # cancelled before: whatever ends it, cancelled
             )
             if job is None or job["state"] != State.FAILED or job["failure_reason"] not in ok:
                 not_lost += 1
@@ -330,7 +355,8 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
             job = by_pk.get(pk)
             if job is not None and job["finished_at"] and job["finished_at"] < cut.at:
                 continue  # its outcome was written before the cut, committed after it
-            if job is None or job["failure_reason"] != FailureReason.LOST:
+            rescued = (FailureReason.LOST, FailureReason.CANCELLED)
+            if job is None or job["failure_reason"] not in rescued:
                 cut_not_lost += 1
                 examples["cut_not_lost"].append(describe(job) if job else f"job {pk} gone")
                 continue
@@ -349,7 +375,7 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
 
     # Attempts failed as lost: by a fault that silenced their worker, or healthy ones.
     healthy: Counter[str] = Counter()
-    lost_expected = beside_overrun = 0
+    lost_expected = beside_overrun = beside_cancellable = 0
     for j in jobs:
         if j["failure_reason"] != FailureReason.LOST:
             continue
@@ -366,21 +392,33 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
             lost_expected += 1
             continue
         # With --in-flight, the process of an overrun that cannot be cancelled (a thread,
-        # or an async task holding the loop) is stopped at its deadline with the
-        # attempts running beside it: lost, as documented, not taken for lost.
+        # or an async task holding the loop) is stopped at its deadline (or its cancel's
+        # grace) with the attempts running beside it: lost, as documented, not taken for
+        # lost. An async attempt that only awaits is cancelled on the loop instead: its
+        # neighbours must not go with it, unless something held that loop (the
+        # interpreter held by an attempt beside it, or the process SIGSTOPped).
         stopped_by = STOPPED_AT.search(j["error_message"] or "")
         if stopped_by and base in faults.in_flight:
             overrun = by_pk.get(int(stopped_by[1]))
             if (
                 overrun is not None
                 and overrun["worker_id"] == wid
-                and overrun["failure_reason"] == FailureReason.TIMEOUT
+                and overrun["failure_reason"] in (FailureReason.TIMEOUT, FailureReason.CANCELLED)
             ):
-                beside_overrun += 1
+                since = finished - timedelta(seconds=1)
+                if _cancellable(overrun) and not held(jobs, faults, wid, since, finished):
+                    beside_cancellable += 1
+                    examples["lost_beside_async"].append(
+                        f"{describe(j)}; beside job {overrun['id']}"
+                    )
+                else:
+                    beside_overrun += 1
                 continue
         seed, kind, _s, _rate = j["args"]
         if any(_within(finished, o.at, o.ended, window) for o in faults.outages):
             cause = "outage"
+        elif any(_within(finished, t.at, t.ended, window) for t in faults.table_locks):
+            cause = "table_lock"
         elif kind in (GIL_HOLD, GIL_OVERRUN) and j["attempt"] == 1:
             cause = "gil"
         elif any(
@@ -411,7 +449,7 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
         "attempts_created": Figure("attempts created", len(jobs)),
         "executions": Figure("executions recorded", len(executions)),
         "tasks_missing": Figure(
-            "logical tasks missing from the table", enqueued - len(chains), True
+            "logical tasks missing from the table", len(enqueued_ids - set(chains)), True
         ),
         "late_executions": Figure(
             "executions of an attempt after it was already failed", late, True
@@ -477,10 +515,19 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
             healthy["skewed"],
             True,
         ),
+        "lost_table_lock": Figure(
+            "  healthy attempts taken for lost during a table lock", healthy["table_lock"], True
+        ),
         "lost_other": Figure("  others", healthy["other"], True),
         "lost_beside_overrun": Figure(
             "attempts in flight beside an overrun, lost with its stopped process (--in-flight)",
             beside_overrun,
+        ),
+        "lost_beside_async": Figure(
+            "attempts in flight lost with their process, stopped at the deadline of an async "
+            "attempt its event loop should have cancelled",
+            beside_cancellable,
+            True,
         ),
         "early": Figure("attempts started before they were due (database clock)", early, True),
         "off_clock": Figure(
@@ -513,6 +560,7 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
         "failed_through_faults_retried": Figure(
             "tasks failed only through faults: retried tasks", through_faults["retried"]
         ),
+        "failed_cancelled": Figure("tasks ended by a cancel", through_faults["cancelled"]),
         "worker_kills": Figure(
             "worker processes SIGKILLed", sum(k.kind == "worker" for k in faults.kills)
         ),
@@ -605,10 +653,44 @@ def check(enqueued: int, faults: Faults, log_text: str, lost_after: float) -> di
             "late outcomes refused (worker log: 'discarded')", log_text.count("discarded")
         ),
     }
+    from bench.torture_check_workloads import workload_figures  # it imports this module
+
+    figures.update(workload_figures(jobs, executions, faults, examples))
     for key, lines in examples.items():
         if key in figures:
             figures[key].examples = lines[:5]
     return figures
+
+
+def _cancellable(job: dict[str, Any]) -> bool:
+    """Can the worker's event loop cancel this attempt (async, only awaiting)?"""
+    kind = job["args"][1]
+    holds = kind in (GIL_HOLD, GIL_OVERRUN) and job["attempt"] == 1
+    return job["task_path"].endswith("_async") and not holds
+
+
+def _overlaps(start: datetime, end: datetime, at: datetime, ended: datetime | None) -> bool:
+    """Do [start, end] and [at, ended] (ended None: still on) meet, give or take the slack?"""
+    return at - CLOCK_SLACK <= end and (ended is None or ended + CLOCK_SLACK >= start)
+
+
+def held(
+    jobs: list[dict[str, Any]], faults: Faults, wid: str, start: datetime, end: datetime
+) -> bool:
+    """Was worker `wid`'s process held at some moment of [start, end]: SIGSTOPped, or its
+    interpreter held by an attempt it ran?"""
+    if any(
+        p.worker_id == wid and _overlaps(start, end, p.stopped, p.resumed) for p in faults.pauses
+    ):
+        return True
+    return any(
+        j["worker_id"] == wid
+        and j["args"][1] in (GIL_HOLD, GIL_OVERRUN)
+        and j["attempt"] == 1
+        and j["started_at"] is not None
+        and _overlaps(start, end, j["started_at"], j["finished_at"])
+        for j in jobs
+    )
 
 
 def crashes(log_text: str) -> list[str]:

@@ -34,6 +34,20 @@ else:
     raise RuntimeError(f"JOBSTATE_TORTURE_DB must be 'postgres' or 'sqlite', not {_vendor!r}")
 
 TASKS = {"default": {"BACKEND": "django_jobstate.backend.JobStateBackend"}}
+# Schedules ticking (torture.py sets it unless --no-ticks): a tick a second, each to be
+# enqueued exactly once across every supervisor, and none skipped (catch_up "all": the
+# ticks an outage held back are enqueued after it).
+if _seed := os.environ.get("JOBSTATE_TORTURE_TICKS"):
+    TASKS["default"]["OPTIONS"] = {
+        "SCHEDULES": {
+            "torture-tick": {
+                "task": "bench.torture_tasks.once",
+                "every": 1,
+                "args": [int(_seed), "tick", 0, 0.0],
+                "catch_up": "all",
+            }
+        }
+    }
 # The tasks' module is no app's `tasks` module, which is all a worker imports unasked.
 JOBSTATE_TASK_MODULES = ["bench.torture_tasks"]
 
@@ -47,6 +61,9 @@ JOBSTATE_MAX_BACKOFF = 1.0
 # (sleeps up to 1.5 s, an interpreter held for LOST_AFTER + 2 s), plus a long SIGSTOP of
 # its worker (LOST_AFTER + 2 s) or an outage (the same) on top.
 JOBSTATE_DEFAULT_TIMEOUT = 12.0
+# A cancelled running attempt (the bodies never look at their context) is stopped this
+# long after the request, well within the run.
+JOBSTATE_CANCEL_GRACE = 2.0
 
 LOGGING = {
     "version": 1,

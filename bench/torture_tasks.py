@@ -28,8 +28,13 @@ from django_jobstate.models import Job
 # hard to store (a NUL, a lone surrogate, a str() that raises) for its planned failures.
 PLAIN, SLEEP, OVERRUN = "plain", "sleep", "overrun"
 GIL_OVERRUN, GIL_HOLD, UGLY = "gil-overrun", "gil-hold", "ugly"
-OVERRUN_KINDS = frozenset({OVERRUN, GIL_OVERRUN})
+# The workloads of torture_workloads.py: a batch of fast jobs claimed with a slow one
+# (BATCH_FAST bodies stamp when they returned), a schedule's TICK, and the DEADLINE
+# overruns whose timeouts fall in a table lock (OVERRUN's plan, their own kind).
+BATCH_FAST, BATCH_SLOW, TICK, DEADLINE = "batch-fast", "batch-slow", "tick", "deadline"
+OVERRUN_KINDS = frozenset({OVERRUN, GIL_OVERRUN, DEADLINE})
 OK, FAIL = "ok", "fail"  # planned outcomes of an attempt (and OVERRUN)
+SLEEPERS = frozenset({SLEEP, BATCH_SLOW})
 OVERRUN_TIMEOUT = 1.0
 
 
@@ -142,12 +147,14 @@ def body(context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: 
     first = attempt == 1
     if kind in (GIL_OVERRUN, GIL_HOLD) and first:
         hold_the_interpreter(seconds)  # an overrun holds it past its timeout: killed
-    elif kind == SLEEP or outcome == OVERRUN:
+    elif kind in SLEEPERS or outcome == OVERRUN:
         time.sleep(seconds)  # an overrun sleeps past its timeout: its worker process ends
     if outcome == OVERRUN:  # still alive past the deadline: the timeout was not enforced
         Execution.objects.filter(pk=execution).update(ended_at=Now())
     if outcome == FAIL:
         raise_planned(seed, kind, result.id, attempt)
+    if kind == BATCH_FAST:  # when it returned, to compare with when its success was written
+        Execution.objects.filter(pk=execution).update(returned_at=Now())
     return attempt
 
 
@@ -165,12 +172,14 @@ async def async_body(
     first = attempt == 1
     if kind in (GIL_OVERRUN, GIL_HOLD) and first:
         hold_the_interpreter(seconds)
-    elif kind == SLEEP or outcome == OVERRUN:
+    elif kind in SLEEPERS or outcome == OVERRUN:
         await asyncio.sleep(seconds)
     if outcome == OVERRUN:
         await Execution.objects.filter(pk=execution).aupdate(ended_at=Now())
     if outcome == FAIL:
         raise_planned(seed, kind, result.id, attempt)
+    if kind == BATCH_FAST:
+        await Execution.objects.filter(pk=execution).aupdate(returned_at=Now())
     return attempt
 
 
@@ -224,4 +233,29 @@ async def overrun_async(
     return await async_body(context, seed, kind, seconds, fail_rate)
 
 
-ASYNC_TWINS = {flaky: flaky_async, once: once_async, overrun: overrun_async}
+@task(takes_context=True, max_attempts=3, backoff=0.2)
+def batched(context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: float) -> int:
+    """A fast or slow job of a mixed batch (never planned to fail: any failure is a fault)."""
+    return body(context, seed, kind, seconds, fail_rate)
+
+
+@task(takes_context=True, max_attempts=3, backoff=0.2)
+async def batched_async(
+    context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: float
+) -> int:
+    return await async_body(context, seed, kind, seconds, fail_rate)
+
+
+@task(takes_context=True, max_attempts=3, backoff=0.2, unique=["key"])
+def unique_flaky(
+    context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: float, key: str = ""
+) -> int:
+    """At most one live task per `key`: enqueued again and again while workers drain."""
+    return body(context, seed, kind, seconds, fail_rate)
+
+
+ASYNC_TWINS = {flaky: flaky_async, once: once_async, overrun: overrun_async, batched: batched_async}
+# The tasks of the main mix (bench/torture.py's enqueue), which the cancels pick from.
+ORDINARY = frozenset(
+    t.module_path for t in (flaky, once, overrun, flaky_async, once_async, overrun_async)
+)

@@ -21,9 +21,10 @@ from django.utils.translation import ngettext
 
 from .admin_filters import local
 from .models import Job, Schedule
-from .scheduler import db_now, enqueue_tick
+from .schedule_writes import db_now, enqueue_tick
 from .schedules import Definition, relative
 from .states import State
+from .tasksapi import InvalidTask
 
 FIELDS = [
     *["name", "task_path", "expression", "enabled", "next_tick", "last_tick", "last_job"],
@@ -152,8 +153,19 @@ class ScheduleAdmin(admin.ModelAdmin):
         done: list[tuple[str, Job]] = []
         skipped: list[tuple[str, Job]] = []
         for schedule in queryset.filter(removed_at=None):
-            with transaction.atomic(using=db):
-                job = enqueue_tick(db, Definition.from_row(schedule), db_now(db))
+            definition = Definition.from_row(schedule)
+            try:
+                with transaction.atomic(using=db):
+                    job = enqueue_tick(
+                        db, definition, db_now(db), last_result_id=schedule.last_result_id
+                    )
+            except (InvalidTask, TypeError, ValueError) as exc:  # its task, its arguments
+                self.message_user(
+                    request,
+                    format_html("{} {}: {}", _("Not enqueued:"), schedule.name, str(exc)),
+                    messages.ERROR,
+                )
+                continue
             (skipped if job.deduplicated else done).append((schedule.name, job))
         link = "<a href='{}'>{} (job {})</a>"
 
@@ -173,7 +185,12 @@ class ScheduleAdmin(admin.ModelAdmin):
             self.message_user(
                 request,
                 format_html(
-                    "{} {}", _("Not enqueued, their last run is still live:"), links(skipped)
+                    "{} {}",
+                    _(
+                        "Not enqueued, a job with the same unique key is still live (their "
+                        "last run, or another job of their task):"
+                    ),
+                    links(skipped),
                 ),
                 messages.WARNING,
             )

@@ -207,7 +207,7 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                 if jobs:
                     continue
             if not pool.running and not done:
-                if not claiming or (worker.burst and not look and not worker.due_soon()):
+                if not claiming or (worker.burst and not look and worker.burst_done()):
                     break
                 if not look:
                     waiter.wait(worker.poll_interval)

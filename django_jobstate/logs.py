@@ -4,6 +4,7 @@ and carries the job's fields in `extra`, so that a JSON formatter writes them as
 The events, stable names a log search can rely on:
     worker.started, worker.stopped, worker.orphaned, worker.claim_failed, worker.claimed,
     worker.ended, worker.overdue, worker.released, supervisor.started, supervisor.stopped,
+    worker.skipped_locked (job_ids: the runnable jobs a --burst run left, locked),
     supervisor.signal, supervisor.database_unavailable, supervisor.outcomes_unwritten,
     runjobs.database_unavailable, runjobs.unknown_queue, metrics.serving,
     job.succeeded, job.failed, job.handed_back, job.outcome_discarded, job.no_signal,

@@ -4,6 +4,7 @@ JOBSTATE_RETENTION's built-in prune schedule; and the system checks of them."""
 from __future__ import annotations
 
 import argparse
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -16,6 +17,10 @@ from .schedules import PRUNE_SCHEDULE, Definition, ScheduleError, parse
 from .tasksapi import InvalidTask, task_backends
 
 PRUNE_TASK = "django_jobstate.tasks.prune_jobs"
+# Every key of TASKS[alias]["OPTIONS"] that a JobStateBackend reads (a new option is added
+# here): any other is a mistake that would be silently ignored ("SCHEDULE" for
+# "SCHEDULES" would stop every schedule of the alias).
+OPTION_KEYS = ("SCHEDULES",)
 RETENTION_STATES = ("succeeded", "failed")
 
 
@@ -30,6 +35,9 @@ def load() -> tuple[dict[str, Definition], list[ScheduleError]]:
     time_zone = settings.TIME_ZONE or "UTC"
     backends = jobstate_backends()
     for backend in backends:
+        if problems := option_errors(backend):
+            errors += problems
+            continue
         raw = backend.options.get("SCHEDULES") or {}
         if not isinstance(raw, Mapping):
             errors.append(
@@ -65,6 +73,32 @@ def load() -> tuple[dict[str, Definition], list[ScheduleError]]:
         if prune is not None:
             definitions[prune.name] = prune
     return definitions, errors
+
+
+def option_errors(backend: JobStateBackend) -> list[ScheduleError]:
+    """What is wrong with the keys of the alias's OPTIONS (the JobStateBackend's only:
+    another backend's OPTIONS are its own)."""
+    where = f'TASKS[{backend.alias!r}]["OPTIONS"]'
+    if not isinstance(backend.options, Mapping):
+        return [
+            ScheduleError(
+                f"{where} must be a dict, not {type(backend.options).__name__}.", "options"
+            )
+        ]
+    errors = []
+    for key in backend.options:
+        if key in OPTION_KEYS:
+            continue
+        close = difflib.get_close_matches(str(key), OPTION_KEYS, n=1)
+        errors.append(
+            ScheduleError(
+                f"{where} has the unknown key {key!r}"
+                + (f" (did you mean {close[0]!r}?)" if close else "")
+                + f"; the keys of {backend.alias!r}'s OPTIONS are: {', '.join(OPTION_KEYS)}.",
+                "options",
+            )
+        )
+    return errors
 
 
 def retention() -> dict[str, str | float] | None:
@@ -108,21 +142,28 @@ def retention_definition(backends: list[JobStateBackend]) -> Definition | None:
     )
 
 
+# Per kind of ScheduleError: the hint and the id of its check.
+HINTS = {
+    "definition": (
+        "Fix the schedule in the settings: no scheduler runs it as it is.",
+        "django_jobstate.E010",
+    ),
+    "timezone": ("Use an IANA name such as 'Europe/Paris' or 'UTC'.", "django_jobstate.E011"),
+    "options": (
+        "Fix or remove the key: as written it has no effect. Until it is fixed, runjobs "
+        "(with --skip-checks) keeps the stored schedules as they are.",
+        "django_jobstate.E014",
+    ),
+}
+
+
 @register()
 def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     definitions, errors = load()
     messages: list[CheckMessage] = []
     for exc in errors:
-        timezone = exc.kind == "timezone"
-        messages.append(
-            Error(
-                str(exc),
-                hint="Use an IANA name such as 'Europe/Paris' or 'UTC'."
-                if timezone
-                else "Fix the schedule in the settings: no scheduler runs it as it is.",
-                id="django_jobstate.E011" if timezone else "django_jobstate.E010",
-            )
-        )
+        hint, check_id = HINTS[exc.kind]
+        messages.append(Error(str(exc), hint=hint, id=check_id))
     for definition in definitions.values():
         try:
             task = load_task(definition.task_path)

@@ -12,19 +12,19 @@ and, if that changed the row, inserts the tick's job. Of any number of scheduler
 read the same due tick, one changes the row; the others wait for its commit and match no
 row. If it dies before committing, its transaction rolls back and the next one wins: a
 tick is never lost, never enqueued twice (and a unique index on the first attempt of each
-(schedule, tick) is the backstop). Times come from the database (PostgreSQL's clock;
+(schedule, tick) is the backstop: a tick it finds enqueued already is skipped, and the
+schedule moves on). Times come from the database (PostgreSQL's clock;
 SQLite's is this machine's): a scheduler whose own clock is ahead neither ticks early nor
 twice. A scheduler whose definition is not the stored one (a rolling deploy) matches no
-row, so it cannot enqueue with it.
+row, so it cannot enqueue with it. One schedule whose tick fails, whatever it raises, is
+logged and tried again later; the others go on.
 """
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
-from collections.abc import Iterable
 from datetime import datetime
 from typing import Any
 
@@ -33,13 +33,14 @@ from django.db.models import F
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from .conf import get_settings
-from .loading import load_task
+from .managers import connection_lost
 from .models import Job, Schedule
 from .schedule_settings import load
+from .schedule_writes import db_now, enqueue_tick, sync
 from .schedules import Definition, Plan
 from .tasksapi import InvalidTask
-from .uniqueness import UniqueScope
+
+__all__ = ["Scheduler", "SchedulerThread", "db_now", "enqueue_tick", "sync"]
 
 logger = logging.getLogger("django_jobstate.scheduler")
 
@@ -54,95 +55,17 @@ PG_GUARDS = "SET LOCAL lock_timeout = '2s'; SET LOCAL idle_in_transaction_sessio
 LOCK_NOT_AVAILABLE = "55P03"
 
 
-def db_now(db: str) -> datetime:
-    """Now by the database's clock (PostgreSQL), or this machine's (SQLite)."""
-    connection = connections[db]
-    if connection.vendor != "postgresql":
-        return timezone.now()
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT STATEMENT_TIMESTAMP()")
-        return cursor.fetchone()[0]
-
-
-def sync(definitions: Iterable[Definition]) -> None:
-    """Store the settings' definitions: new rows, and the rows whose definition changed.
-
-    A changed definition takes effect from the tick after now: its first tick cannot be
-    one already enqueued. Each write is conditional on the row as read, so schedulers
-    starting together write each change once. Admin changes (enabled) are kept while the
-    definition is unchanged. Names gone from the settings stop ticking (removed_at).
-    """
-    definitions = list(definitions)
-    db = router.db_for_write(Schedule)
-    now = db_now(db)
-    rows = {row.name: row for row in Schedule.objects.using(db)}
-    new = [
-        Schedule(name=d.name, **d.fields(), next_tick_at=d.next_tick(now))
-        for d in definitions
-        if d.name not in rows
-    ]
-    Schedule.objects.using(db).bulk_create(new, ignore_conflicts=True)
-    for d in definitions:
-        row = rows.get(d.name)
-        if row is None or (row.definition_hash == d.hash and row.removed_at is None):
-            continue
-        after = max(now, row.last_tick_at or now)
-        changed = Schedule.objects.using(db).filter(
-            name=d.name, definition_hash=row.definition_hash, removed_at=row.removed_at
-        )
-        if changed.update(**d.fields(), next_tick_at=d.next_tick(after), removed_at=None):
-            logger.info("Schedule %s: stored this process's definition (%s)", d.name, d.expression)
-    names = {d.name for d in definitions}
-    gone = [name for name, row in rows.items() if name not in names and row.removed_at is None]
-    if gone:
-        Schedule.objects.using(db).filter(name__in=gone, removed_at=None).update(removed_at=now)
-        logger.info("Schedules no longer in the settings, stopped: %s", ", ".join(sorted(gone)))
-
-
-def enqueue_tick(db: str, d: Definition, tick: datetime) -> Job:
-    """Insert the job of one tick of `d` (the caller holds the schedule's row)."""
-    task = load_task(d.task_path)
-    defaults = get_settings()
-    unique: dict[str, Any] = {}
-    if d.unique or getattr(task, "unique", False):
-        from .uniqueness import unique_key
-
-        key = (
-            hashlib.sha256(f"schedule:{d.name}".encode()).hexdigest()
-            if d.unique
-            else unique_key(task, d.args, d.kwargs)
-        )
-        unique = {"unique_keys": [key], "unique_scope": UniqueScope.LIVE}
-
-    def option(name: str) -> Any:
-        value = getattr(task, name, None)
-        return getattr(defaults, f"DEFAULT_{name.upper()}") if value is None else value
-
-    [job] = Job.objects.db_manager(db).enqueue_many(
-        d.task_path,
-        [(d.args, d.kwargs)],
-        queue_name=d.queue_name,
-        priority=d.priority,
-        backend=d.backend,
-        max_attempts=option("max_attempts"),
-        backoff=option("backoff"),
-        timeout=option("timeout"),
-        schedule_name=d.name,
-        scheduled_for=tick,
-        **unique,
-    )
-    return job
-
-
 class Scheduler:
     """One process's scheduler: call run_once() and sleep for the seconds it returns."""
 
     def __init__(self, name: str, definitions: dict[str, Definition] | None = None) -> None:
         self.name = name
+        self.settings_valid = True  # sync() removes the rows of names gone only then
         if definitions is None:
             definitions, errors = load()
             for exc in errors:
                 logger.error("%s: not scheduled: %s", name, exc)
+            self.settings_valid = not errors
         self.definitions = definitions
         if definitions:
             listed = [f"{d.name} ({d.expression})" for d in list(definitions.values())[:10]]
@@ -153,9 +76,13 @@ class Scheduler:
         self._hold: dict[str, float] = {}  # {name: monotonic time before which not to try}
 
     def run_once(self) -> float:
-        """Enqueue the due ticks; return the seconds until the next one may be due."""
+        """Enqueue the due ticks; return the seconds until the next one may be due.
+
+        One schedule that fails (whatever it raises) is logged and tried again later: it
+        never stops the others. Only a lost connection ends the wake-up.
+        """
         if not self.synced:  # even with none: the rows of removed schedules say so
-            sync(self.definitions.values())
+            sync(self.definitions.values(), remove=self.settings_valid)
             self.synced = True
         if not self.definitions:
             return MAX_SLEEP
@@ -170,7 +97,14 @@ class Scheduler:
             if held > 0:
                 wait = min(wait, held)
                 continue
-            self._tick(db, self.by_hash[definition_hash], due, now)
+            try:
+                self._tick(db, self.by_hash[definition_hash], due, now)
+            except DatabaseError as exc:
+                if connection_lost(exc):
+                    raise  # the database is away: SchedulerThread waits for it
+                self._fail(name, due, exc)
+            except Exception as exc:
+                self._fail(name, due, exc)
             ticked = True
         return 0.0 if ticked else wait + WAKE_MARGIN
 
@@ -195,27 +129,14 @@ class Scheduler:
 
     def _tick(self, db: str, d: Definition, due: datetime, now: datetime) -> None:
         plan = d.plan(due, now)
-        connection = connections[db]
         try:
-            with transaction.atomic(using=db):
-                if connection.vendor == "postgresql":
-                    with connection.cursor() as cursor:
-                        cursor.execute(PG_GUARDS)
-                won = Schedule.objects.using(db).filter(
-                    name=d.name,
-                    next_tick_at=due,
-                    definition_hash=d.hash,
-                    enabled=True,
-                    removed_at=None,
-                )
-                if not won.update(next_tick_at=plan.next_tick_at):
-                    logger.debug(
-                        "Schedule %s: tick %s taken by another scheduler (or the row changed)",
-                        d.name,
-                        due.isoformat(),
-                    )
-                    return
-                self._enqueue(db, d, plan)
+            try:
+                self._write_tick(db, d, due, plan, enqueued_checked=False)
+            except IntegrityError:
+                # The backstop index met a tick enqueued already (a rolling deploy whose
+                # store raced a tick of the old definition, a Run now at the very tick):
+                # skip those ticks, so that the schedule moves on.
+                self._write_tick(db, d, due, plan, enqueued_checked=True)
         except DatabaseError as exc:
             if isinstance(exc, IntegrityError) or (
                 getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
@@ -226,13 +147,59 @@ class Scheduler:
         except (InvalidTask, TypeError, ValueError) as exc:
             self._hold_off(d, exc)
 
-    def _enqueue(self, db: str, d: Definition, plan: Plan) -> None:
+    def _write_tick(
+        self, db: str, d: Definition, due: datetime, plan: Plan, *, enqueued_checked: bool
+    ) -> None:
+        connection = connections[db]
+        with transaction.atomic(using=db):
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(PG_GUARDS)
+            won = Schedule.objects.using(db).filter(
+                name=d.name,
+                next_tick_at=due,
+                definition_hash=d.hash,
+                enabled=True,
+                removed_at=None,
+            )
+            if not won.update(next_tick_at=plan.next_tick_at):
+                logger.debug(
+                    "Schedule %s: tick %s taken by another scheduler (or the row changed)",
+                    d.name,
+                    due.isoformat(),
+                )
+                return
+            ticks = self._not_enqueued(db, d, plan.enqueue) if enqueued_checked else plan.enqueue
+            self._enqueue(db, d, ticks, plan)
+
+    def _not_enqueued(self, db: str, d: Definition, ticks: list[datetime]) -> list[datetime]:
+        """`ticks` less those whose job is in the table already (on the backstop's index)."""
+        jobs = Job.objects.using(db).filter(
+            schedule_name=d.name, attempt=1, scheduled_for__in=ticks
+        )
+        found = {job.scheduled_for: job.pk for job in jobs.only("scheduled_for")}
+        for tick in ticks:
+            if tick in found:
+                logger.info(
+                    "Schedule %s: tick %s was enqueued already (job %s); moving on",
+                    d.name,
+                    tick.isoformat(),
+                    found[tick],
+                )
+        return [tick for tick in ticks if tick not in found]
+
+    def _enqueue(self, db: str, d: Definition, ticks: list[datetime], plan: Plan) -> None:
         updates: dict[str, Any] = {}
-        for tick in plan.enqueue:
-            job = enqueue_tick(db, d, tick)
+        last = None
+        if d.unique:  # its last tick's job, which a unique task's tick checks
+            row = Schedule.objects.using(db).filter(name=d.name).values_list("last_result_id")
+            last = next(iter(row), (None,))[0]
+        for tick in ticks:
+            job = enqueue_tick(db, d, tick, last_result_id=last)
             if job.deduplicated:
                 logger.info(
-                    "Schedule %s: tick %s skipped, its last run (job %s) is still %s",
+                    "Schedule %s: tick %s skipped, job %s (its last run, or another with its "
+                    "task's unique key) is still %s",
                     d.name,
                     tick.isoformat(),
                     job.pk,
@@ -243,6 +210,7 @@ class Scheduler:
             else:
                 logger.debug("Schedule %s: tick %s enqueued as job %s", d.name, tick, job.pk)
                 updates.update(last_tick_at=tick, last_result_id=job.result_id)
+                last = job.result_id
         if plan.missed:
             logger.warning(
                 "Schedule %s: %d tick(s) before %s not enqueued (catch_up=%s, max_lateness=%gs)",
@@ -268,6 +236,21 @@ class Scheduler:
             exc,
         )
         self._hold[d.name] = time.monotonic() + HOLD
+
+    def _fail(self, name: str, due: datetime, exc: BaseException) -> None:
+        """A schedule's tick raised what no one expected: say which, and go on."""
+        logger.error(
+            "%s: schedule %s failed at its tick %s; the other schedules go on, and it is "
+            "tried again in %gs: %s: %s",
+            self.name,
+            name,
+            due.isoformat(),
+            HOLD,
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
+        self._hold[name] = time.monotonic() + HOLD
 
 
 class SchedulerThread(threading.Thread):

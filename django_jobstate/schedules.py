@@ -31,6 +31,9 @@ KEYS = {
     "catch_up", "max_lateness", "enabled",
 }  # fmt: skip
 DEFAULT_MAX_LATENESS = 3600.0
+# A tick later than a year is not worth enqueueing; and `now - max_lateness` must stay a
+# date (float("inf"), or some 6.4e10 s, would raise OverflowError at every tick).
+MAX_LATENESS = YEAR
 ALL_LIMIT = 100  # ticks enqueued per transaction under catch_up="all"
 PRUNE_SCHEDULE = "jobstate.prune"  # the built-in schedule of JOBSTATE_RETENTION
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -39,7 +42,8 @@ MISSED_COUNT_LIMIT = 10_000  # ticks counted one by one as missed; past it, "at 
 
 
 class ScheduleError(ValueError):
-    """A definition that cannot be scheduled; `kind` is "definition" or "timezone"."""
+    """A definition that cannot be scheduled; `kind` is "definition", "timezone" or
+    "options" (a key of TASKS[alias]["OPTIONS"])."""
 
     def __init__(self, message: str, kind: str = "definition") -> None:
         super().__init__(message)
@@ -187,13 +191,22 @@ def parse(name: str, raw: Any, *, alias: str, queues: list[str], time_zone: str)
         raise ScheduleError(f"{where}: queue {queue!r} is not one of its QUEUES {queues}.")
     priority = raw.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
-        raise ScheduleError(f'{where}: "priority" must be a whole number from -100 to 100.')
+        raise ScheduleError(
+            f'{where}: "priority" must be a whole number from -100 to 100, not {priority!r}.'
+        )
     catch_up = raw.get("catch_up", "latest")
     if catch_up not in CATCH_UP:
         raise ScheduleError(f'{where}: "catch_up" must be one of {", ".join(CATCH_UP)}.')
     lateness = raw.get("max_lateness", DEFAULT_MAX_LATENESS)
-    if isinstance(lateness, bool) or not isinstance(lateness, int | float) or not lateness >= 1:
-        raise ScheduleError(f'{where}: "max_lateness" must be a number of seconds, at least 1.')
+    if (
+        isinstance(lateness, bool)
+        or not isinstance(lateness, int | float)
+        or not 1 <= lateness <= MAX_LATENESS
+    ):
+        raise ScheduleError(
+            f'{where}: "max_lateness" must be a number of seconds from 1 to a year '
+            f"({MAX_LATENESS}), not {lateness!r}."
+        )
     for key in ("unique", "enabled"):
         if not isinstance(raw.get(key, False), bool):
             raise ScheduleError(f'{where}: "{key}" must be True or False.')

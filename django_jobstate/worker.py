@@ -20,7 +20,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable
-from datetime import timedelta
 from typing import Any, TypeVar
 
 from django.db import (
@@ -29,15 +28,15 @@ from django.db import (
     connections,
     router,
 )
-from django.db.models.functions import Now
 
 from . import metrics
 from .attempts import AttemptRunner, Outcome
+from .burst import BurstEnd
 from .conf import get_settings
 from .ledger import Ledger, ledger_size
 from .logs import job_fields
 from .managers import ClaimKey, claim_key
-from .models import Job, JobQueue
+from .models import Job
 from .recording import OutcomeWriter
 from .tasksapi import Task
 from .wakeup import Waiter
@@ -66,8 +65,6 @@ MAX_BATCH = 100
 # whenever the claim from its key finds nothing: a job that claim order puts before that
 # key (a higher priority enqueued meanwhile, a run_after in the past) waits at most that.
 RESCAN_AFTER = 1.0
-# A --burst run exits once no job is runnable and none is due within this many seconds.
-BURST_HORIZON = 10.0
 
 
 class Worker(AttemptRunner, OutcomeWriter):
@@ -121,6 +118,7 @@ class Worker(AttemptRunner, OutcomeWriter):
             self.tracing = tracing
         self._waiter: Waiter | None = None  # run()'s, for claim() to hear of jobs ahead
         self._queue_names: list[str] = []  # serving all queues: those seen with jobs
+        self._burst_end = BurstEnd(self.worker_id, self.queues, self.db)
 
     def stop(self) -> None:
         """Finish the attempts in hand, claim no more."""
@@ -159,7 +157,7 @@ class Worker(AttemptRunner, OutcomeWriter):
                 jobs = self.claim()
                 if jobs:
                     self._run_batch(jobs)
-                elif self.burst and not self.due_soon():
+                elif self.burst and self.burst_done():
                     break
                 else:
                     waiter.wait(self.poll_interval)
@@ -192,18 +190,9 @@ class Worker(AttemptRunner, OutcomeWriter):
             self._stopping.set()
         return True
 
-    def due_soon(self) -> bool:
-        """Whether a queued job (say, a retry waiting for its backoff) is due within
-        BURST_HORIZON seconds, not in a paused queue: a --burst run waits for it instead
-        of exiting."""
-        horizon = Now() + timedelta(seconds=BURST_HORIZON)
-        paused = JobQueue.objects.filter(paused_at__isnull=False).values("name")
-        jobs = Job.objects.queued().filter(run_after__lte=horizon).for_queues(self.queues)
-        try:
-            return jobs.exclude(queue_name__in=paused).exists()  # a paused queue waits
-        except DatabaseError:
-            connections[self.db].close()
-            return True  # the next claim says what is wrong
+    def burst_done(self) -> bool:
+        """After a claim that found nothing: whether a --burst run exits (burst.py)."""
+        return self._burst_end.reached()
 
     def claim_limit(self, in_flight: int = 0) -> int:
         """How many jobs to claim next: one at a time, as many as run in BATCH_WINDOW

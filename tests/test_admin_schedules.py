@@ -107,7 +107,7 @@ def test_run_now_enqueues_an_extra_job_and_leaves_the_ticks_alone(client, schedu
     assert Schedule.objects.get(name="poll").next_tick_at == before
     # A unique schedule whose last run is still live: not another one.
     [message] = act(client, "run_now", "poll")
-    assert message.startswith("Not enqueued, their last run is still live: <a href=")
+    assert message.startswith("Not enqueued, a job with the same unique key is still live")
     assert f"poll (job {job.pk})" in message
     assert Job.objects.filter(schedule_name="poll").count() == 1
 

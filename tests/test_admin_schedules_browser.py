@@ -71,6 +71,7 @@ def test_operator_sees_the_schedules_disables_one_and_runs_another(browser, live
         driver, driver.find_element(By.CSS_SELECTOR, "#changelist-form button[name=index]")
     )
     warning = driver.find_element(By.CSS_SELECTOR, ".messagelist .warning")
-    assert warning.text.startswith("Not enqueued, their last run is still live: poll-feeds")
+    assert warning.text.startswith("Not enqueued, a job with the same unique key is still live")
+    assert "poll-feeds" in warning.text
     assert Job.objects.filter(schedule_name="poll-feeds").count() == 1
     screenshot(driver, "admin-schedules-after-actions.png")

@@ -5,6 +5,7 @@ The races between real runjobs processes are in test_schedules_race.py.
 
 import itertools
 import logging
+import math
 from datetime import timedelta
 
 import pytest
@@ -305,3 +306,91 @@ def test_a_scheduler_without_schedules_still_marks_the_removed_ones():
     sync([every(60)])
     assert scheduler().run_once() > 0
     assert Schedule.objects.get().removed_at is not None
+
+
+def test_one_schedule_that_raises_never_stops_the_others(caplog):
+    """A definition the checks would refuse (runjobs --skip-checks): now - inf overflows."""
+    s = scheduler(every(60, name="forever", max_lateness=math.inf), every(60))
+    s.run_once()
+    make_due("forever")
+    make_due("s")
+    with caplog.at_level(logging.ERROR, "django_jobstate.scheduler"):
+        while s.run_once() == 0:
+            pass
+    assert len(scheduled_jobs("s")) == 1
+    assert scheduled_jobs("forever") == []
+    assert "schedule forever failed at its tick" in caplog.text
+    assert "OverflowError" in caplog.text
+
+
+def test_a_tick_enqueued_already_is_skipped_and_the_schedule_moves_on(caplog):
+    """A rolling deploy whose store raced the old release's tick pointed the row back at
+    that tick: the backstop index refuses it, and the schedule must not stay there."""
+    s = scheduler(every(60, catch_up="all"))
+    s.run_once()
+    _, due = make_due()
+    s.run_once()
+    [job] = scheduled_jobs()
+    # Back before that tick: the one before is due, and then that one again.
+    Schedule.objects.update(next_tick_at=due - timedelta(seconds=60))
+    with caplog.at_level(logging.INFO, "django_jobstate.scheduler"):
+        s.run_once()
+    assert f"tick {due.isoformat()} was enqueued already (job {job.pk}); moving on" in caplog.text
+    assert "could not enqueue" not in caplog.text
+    assert Schedule.objects.get().next_tick_at > due
+    ticks = [j.scheduled_for for j in scheduled_jobs()]
+    assert ticks == [due - timedelta(seconds=60), due]  # the one not enqueued yet was
+
+
+def test_system_checks_refuse_numbers_out_of_range():
+    found = checks_of(
+        {
+            "forever": {"task": "tests.tasks.noop", "every": 5, "max_lateness": math.inf},
+            "millennia": {"task": "tests.tasks.noop", "every": 5, "max_lateness": 6.4e10},
+            "often": {"task": "tests.tasks.noop", "every": math.nan},
+        }
+    )
+    assert [i for i, _ in found] == ["django_jobstate.E010"] * 3
+    text = "\n".join(msg for _, msg in found)
+    assert "'forever'" in text
+    assert "not inf" in text
+    assert '"max_lateness" must be a number of seconds from 1 to a year' in text
+    assert "'often'" in text
+    assert '"every" must be' in text
+
+
+def test_system_checks_name_an_unknown_option_and_the_close_one():
+    tasks = {"default": {**TASKS["default"], "OPTIONS": {"SCHEDULE": {}, "LISTEN": 1}}}
+    with override_settings(TASKS=tasks):
+        found = [(m.id, m.msg, m.hint) for m in run_checks() if m.id == "django_jobstate.E014"]
+    [(_, schedule, hint), (_, listen, _)] = sorted(found, key=lambda m: "LISTEN" in m[1])
+    assert schedule == (
+        "TASKS['default'][\"OPTIONS\"] has the unknown key 'SCHEDULE' (did you mean "
+        "'SCHEDULES'?); the keys of 'default''s OPTIONS are: SCHEDULES."
+    )
+    assert "did you mean" not in listen
+    assert "'LISTEN'" in listen
+    assert "keeps the stored schedules" in hint
+
+
+def test_the_options_of_another_backend_are_its_own():
+    tasks = {
+        **TASKS,
+        "other": {
+            "BACKEND": "django.tasks.backends.dummy.DummyBackend",
+            "OPTIONS": {"SCHEDULE": {}},
+        },
+    }
+    with override_settings(TASKS=tasks):
+        assert not [m for m in run_checks() if m.id == "django_jobstate.E014"]
+
+
+def test_settings_with_errors_never_mark_stored_schedules_removed(caplog):
+    sync([every(60)])
+    Schedule.objects.update(enabled=False)  # an admin's disable, kept while misread
+    tasks = {"default": {**TASKS["default"], "OPTIONS": {"SCHEDULE": {"s": {}}}}}
+    with override_settings(TASKS=tasks), caplog.at_level(logging.ERROR):
+        Scheduler("test").run_once()
+    row = Schedule.objects.get()
+    assert (row.removed_at, row.enabled) == (None, False)
+    assert "unknown key 'SCHEDULE'" in caplog.text

@@ -1,5 +1,6 @@
 """Tick computation and the definitions' parsing (schedules.py): no database."""
 
+import math
 from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
@@ -161,6 +162,14 @@ def test_parse_fills_in_the_defaults():
         ({"task": "x.y", "every": 5, "catch_up": "some"}, "definition", "latest, all, none"),
         ({"task": "x.y", "every": 5, "queue": "nope"}, "definition", "not one of its QUEUES"),
         ({"task": "x.y", "every": 5, "priority": 101}, "definition", "-100 to 100"),
+        ({"task": "x.y", "every": 5, "priority": 1.5}, "definition", "not 1.5"),
+        ({"task": "x.y", "every": math.inf}, "definition", "from 1 to a year"),
+        ({"task": "x.y", "every": math.nan}, "definition", "from 1 to a year"),
+        # Past a year (or infinite), now - max_lateness would overflow at every tick.
+        ({"task": "x.y", "every": 5, "max_lateness": math.inf}, "definition", "not inf"),
+        ({"task": "x.y", "every": 5, "max_lateness": 6.4e10}, "definition", "1 to a year"),
+        ({"task": "x.y", "every": 5, "max_lateness": math.nan}, "definition", "not nan"),
+        ({"task": "x.y", "every": 5, "max_lateness": 0.5}, "definition", "1 to a year"),
         ({"task": "x.y", "every": 5, "kwargs": {"a": {1, 2}}}, "definition", "not JSON"),
         ({"task": "x.y", "every": 5, "unique": "yes"}, "definition", '"unique" must be'),
         ({"task": "x.y", "every": 5, "when": 1}, "definition", "unknown key(s) when"),

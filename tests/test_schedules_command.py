@@ -8,6 +8,8 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_jobstate.models import Job, Schedule
+from django_jobstate.schedule_writes import sync
+from django_jobstate.schedules import Definition
 
 pytestmark = pytest.mark.django_db
 
@@ -70,3 +72,27 @@ def test_run_enqueues_a_job_now_and_refuses_an_unknown_name():
 def test_sync_refuses_invalid_definitions_saying_why():
     with pytest.raises(CommandError, match="exactly one of"):
         schedules("--sync")
+
+
+@override_settings(TASKS=TASKS)
+def test_the_list_shows_the_settings_schedules_before_the_first_sync():
+    text = schedules()
+    assert "nightly  [not stored yet]  tests.tasks.noop  0 3 * * * (Europe/Paris)" in text
+    assert "poll  [not stored yet]  tests.tasks.noop  every 300 s" in text
+    assert "next tick: once stored (by runjobs when it starts, or schedules --sync)" in text
+    rows = json.loads(schedules("--json"))
+    assert [(r["name"], r["stored"], r["next_tick"]) for r in rows] == [
+        ("nightly", False, None),
+        ("poll", False, None),
+    ]
+    schedules("--sync")
+    assert [r["stored"] for r in json.loads(schedules("--json"))] == [True, True]
+
+
+@override_settings(TASKS=TASKS)
+def test_a_stored_schedule_and_one_not_stored_yet_are_listed_in_order():
+    sync([Definition(name="old", task_path="tests.tasks.noop", every=60)])  # another release's
+    text = schedules()
+    names = [line.split()[0] for line in text.splitlines() if not line.startswith(" ")]
+    assert names == ["nightly", "old", "poll"]
+    assert "old  [enabled]" in text

@@ -209,6 +209,42 @@ def test_two_definitions_of_one_schedule_never_enqueue_two_jobs_for_one_tick(run
     )
 
 
+def test_a_deploy_whose_store_races_a_tick_of_the_old_release_moves_on(runjobs, tmp_path):
+    """The new release reads the row, pauses, the old release ticks twice meanwhile: the
+    new definition must not start at a tick already enqueued (the backstop index would
+    refuse it at every try, and nothing would be enqueued for up to max_lateness)."""
+    # catch_up="all": the new release would retry the tick enqueued for up to max_lateness.
+    fast = {"task": "tests.tasks.noop", "every": 2, "catch_up": "all"}
+    old = {"fast": {**fast, "kwargs": {"v": "old"}}}
+    new = {"fast": {**fast, "kwargs": {"v": "new"}}}
+    gate = tmp_path / "store"
+    pause = {
+        "PYTHONPATH": str(ROOT / "tests" / "stale_tick"),
+        "JOBSTATE_TEST_PAUSE_BEFORE_STORE": str(gate),
+    }
+    procs = [runjobs.start("--concurrency", "1", **env(old))]
+    wait_for(lambda: len(ticks_of("fast")) >= 2)
+    procs.append(runjobs.start("--concurrency", "1", **env(new, **pause)))
+    wait_for(lambda: "Pausing before the store" in runjobs.output(procs[1]))
+    ticked = len(ticks_of("fast"))
+    wait_for(lambda: len(ticks_of("fast")) >= ticked + 2)  # by the old release
+    gate.touch()
+    wait_for(lambda: Job.objects.filter(kwargs={"v": "new"}).count() >= 2)
+    outputs = stop_all(runjobs, procs)
+
+    assert not any("could not enqueue its tick" in out for out in outputs)
+    jobs = list(Job.objects.filter(schedule_name="fast").order_by("scheduled_for"))
+    assert len({job.scheduled_for for job in jobs}) == len(jobs)
+    versions = [job.kwargs["v"] for job in jobs]
+    assert versions == sorted(versions, key=["old", "new"].index)  # old, then new only
+    gaps = [
+        (a, b)
+        for a, b in itertools.pairwise(jobs)
+        if b.scheduled_for - a.scheduled_for != 2 * SECOND
+    ]
+    assert gaps == []  # not a tick lost across the deploy
+
+
 def last_new_id():
     return Job.objects.filter(kwargs={"v": "new"}).order_by("-id").values_list("id", flat=True)[0]
 

@@ -7,8 +7,11 @@ database taken away for longer than the lost-after window (and on PostgreSQL the
 restarted once), tasks that hold the interpreter, raise unstorable errors, and all have
 a timeout; on PostgreSQL, supervisors with their clocks an hour off and, as root, one on
 a worker host of its own whose link is cut past the window; one of the two supervisors
-runs several attempts at once (--in-flight), a third of the tasks async. Every
-must-be-zero figure of its report must be zero.
+runs several attempts at once (--in-flight), a third of the tasks async. Beside them,
+its workloads (bench/torture_workloads.py): cancels at random moments, a schedule ticking
+every second, unique tasks enqueued while the workers drain, batches of fast jobs with a
+slow one, rows locked by another connection, and the job table locked while attempts
+with a 1 s timeout run. Every must-be-zero figure of its report must be zero.
 
 Below it, what torture runs found, each reproduced on purpose: a strict xfail while it is
 a bug, a plain test once fixed.
@@ -122,6 +125,20 @@ def test_torture_run_loses_nothing_and_runs_nothing_twice(tmp_path, reconnect_af
         "early",
         "off_clock",
         "id_clashes",
+        "lost_beside_async",
+        "lost_table_lock",
+        "cancel_retried",
+        "cancel_ran",
+        "cancel_not_ended",
+        "ticks_twice",
+        "ticks_missing",
+        "unique_multi",
+        "unique_overlap",
+        "unique_wrong_holder",
+        "unique_locked_holder",
+        "batch_late",
+        "batch_lost",
+        "claimed_locked",
     }
     assert {k: figures[k] for k in must_be_zero if figures[k] != 0} == {}, output
     assert report["failed"] == [], output
@@ -137,6 +154,19 @@ def test_torture_run_loses_nothing_and_runs_nothing_twice(tmp_path, reconnect_af
     assert figures["gil_jobs"] == "1 / 1", output
     assert figures["ugly_stored"] > 0, output
     assert figures["executions"] >= figures["jobs_enqueued"] * 0.95, output
+    # The workloads really ran, and both kinds of task ran under --in-flight.
+    queued, running, *_ = map(int, figures["cancels"].split(" / "))
+    assert queued + running > 0, output
+    assert figures["ticks"] > 0, output
+    new, duplicates, _errors = map(int, figures["uniques"].split(" / "))
+    assert new > 0, output
+    assert duplicates > 0, output
+    assert int(figures["batches"].split(" / ")[0]) >= 3, output
+    assert figures["row_locks"] != "0 (0; 0)", output
+    assert figures["table_locks"].startswith("1 "), output
+    sync, async_ = map(int, figures["in_flight_runs"].split(" / "))
+    assert sync > 0, output
+    assert async_ > 0, output
     assert "OK: every must-be-zero figure is 0" in output
 
 

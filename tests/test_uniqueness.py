@@ -338,6 +338,58 @@ def test_repeatable_read_says_what_to_do():
     assert Job.objects.count() == 1
 
 
+def state_seen_elsewhere(job: Job) -> tuple[str, str | None]:
+    """The job's state and finish time as another connection sees it (the test's own may
+    be in a transaction, with SQLite's snapshot)."""
+    seen: list[tuple[str, str | None]] = []
+
+    def read() -> None:
+        try:
+            row = Job.objects.get(pk=job.pk)
+            seen.append((row.state, row.finished_at))
+        finally:
+            connection.close()
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    reader.join(30)
+    return seen[0]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("bulk", [False, True])
+def test_a_duplicate_locks_nothing_while_its_transaction_lasts(runjobs, bulk):
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no row locks; a transaction holds the write lock from BEGIN")
+    labels = ["busy", "busy too"] if bulk else ["busy"]
+    held = [unique_record.enqueue(label) for label in labels]
+    holders = list(Job.objects.order_by("pk"))
+    with transaction.atomic():
+        if bulk:
+            got = backend.bulk_enqueue(unique_record, [([label], {}) for label in labels])
+        else:
+            got = [unique_record.enqueue(labels[0])]
+        assert [r.id for r in got] == [r.id for r in held]
+        # While the enqueuer's transaction lasts, a worker claims the holders, runs them
+        # and writes their outcomes: nothing waits for this transaction.
+        done = runjobs.run("--burst", timeout=120)
+        assert done.returncode == 0, done.stdout
+        for holder in holders:
+            assert state_seen_elsewhere(holder)[0] == State.SUCCEEDED, done.stdout
+    assert Job.objects.count() == len(labels)
+
+
+@pytest.mark.django_db
+def test_past_its_rounds_a_duplicate_takes_the_holder_from_the_insert(monkeypatch):
+    # Only a key whose holders finish between every INSERT and read gets there.
+    monkeypatch.setattr("django_jobstate.managers.enqueue.UNIQUE_ROUNDS", 1)
+    held = unique_record.enqueue("held")
+    assert unique_record.enqueue("held").id == held.id
+    got = backend.bulk_enqueue(unique_record, [(["new"], {}), (["held"], {})])
+    assert got[1].id == held.id != got[0].id
+    assert Job.objects.count() == 2
+
+
 def enqueue_and_close() -> None:
     try:
         unique_record.enqueue("rr")

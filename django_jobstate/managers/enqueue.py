@@ -46,8 +46,11 @@ _PER_CALL = ("result_id", "args", "kwargs", "unique_key")
 # The times an INSERT takes from _now_sql() when not given, and reads back.
 _CLOCKED = ("run_after", "enqueued_at")
 
-# _on_conflict()'s clause, per database vendor and scope.
-_ON_CONFLICT: dict[tuple[str, UniqueScope], str] = {}
+# _on_conflict()'s clause, per database vendor, scope and whether it returns the holder.
+_ON_CONFLICT: dict[tuple[str, UniqueScope, bool], str] = {}
+# Rounds of a unique enqueue (_write_or_find()): generous, as each round lost means the
+# key's holder finished between two statements; the last round locks the holder.
+UNIQUE_ROUNDS = 50
 
 # One call to insert: result_id, args, args as JSON, kwargs, kwargs as JSON, unique key.
 Row = tuple[uuid.UUID, Any, str, Any, str, str | None]
@@ -148,15 +151,16 @@ class Enqueue(Writes):
         return jobs
 
     def _insert_chunks(
-        self, db: str, template: Job, rows: list[Row], jobs: list[Job]
+        self, db: str, template: Job, rows: list[Row], jobs: list[Job], lock_held: bool = False
     ) -> dict[str, int]:
         """INSERT `rows` in chunks; give each of `jobs` (one per row) that was written its id
-        and times. Returns {unique key: id} of the live rows that held the keys of the rows
-        that were not written."""
+        and times. With `lock_held`, returns {unique key: id} of the live rows that held the
+        keys of the rows that were not written (_on_conflict())."""
         by_result_id = {job.result_id.hex: job for job in jobs}
         holders = {}
         for start in range(0, len(rows), ENQUEUE_CHUNK):
-            written, held, times = self._insert(db, template, rows[start : start + ENQUEUE_CHUNK])
+            chunk = rows[start : start + ENQUEUE_CHUNK]
+            written, held, times = self._insert(db, template, chunk, lock_held)
             for result_id, pk in written.items():
                 job = by_result_id[result_id]
                 job.pk = pk
@@ -168,7 +172,7 @@ class Enqueue(Writes):
         self, db: str, template: Job, rows: list[Row], jobs: list[Job], raise_duplicates: bool
     ) -> list[Job]:
         """enqueue_many() of calls with unique keys: the first call of each key is written
-        unless a live row holds the key, which the INSERT returns instead (_on_conflict)."""
+        unless a live row holds the key, which is returned instead (_write_or_find())."""
         first: dict[str, tuple[Row, Job]] = {}
         for row, job in zip(rows, jobs, strict=True):
             first.setdefault(cast(str, job.unique_key), (row, job))
@@ -176,16 +180,7 @@ class Enqueue(Writes):
         # enqueues on PostgreSQL wait for each other's keys in one order, never in a cycle.
         todo = [first[key] for key in sorted(first)]
         with transaction.atomic(using=db) if len(rows) > 1 else nullcontext():
-            held = self._insert_chunks(db, template, [r for r, _ in todo], [j for _, j in todo])
-            holders = {}
-            for holder in self.using(db).filter(pk__in=held.values()) if held else ():
-                holder.deduplicated = True
-                holders[cast(str, holder.unique_key)] = holder
-            if len(holders) != len(held):  # finished and deleted within the enqueue
-                raise LostRace(
-                    f"Enqueueing {template.task_path}: the job that held a unique key was "
-                    f"deleted before it could be read. Nothing was enqueued; try again."
-                )
+            holders = self._write_or_find(db, template, todo)
             results = []
             for job in jobs:
                 key = cast(str, job.unique_key)
@@ -207,16 +202,62 @@ class Enqueue(Writes):
                 results.append(winner)
         return results
 
+    def _write_or_find(self, db: str, template: Job, todo: list[tuple[Row, Job]]) -> dict[str, Job]:
+        """Write each of `todo` whose key is free; return {key: holder} of the others.
+
+        A duplicate locks nothing: the INSERT does nothing on a held key (ON CONFLICT DO
+        NOTHING) and a plain read finds the holder, so the holder's worker can claim it and
+        write its outcome while the caller's transaction goes on. A holder that finishes
+        between the two statements frees its key: the next round inserts, or finds the
+        next holder. Each round ends with every call written or its holder found unless a
+        key changed hands in between; the last of UNIQUE_ROUNDS, which only keys churned
+        that fast reach, returns the holder from the INSERT itself (DO UPDATE): it always
+        answers, and locks that holder until the transaction ends.
+
+        (SQLite has no row locks; its transactions take the write lock at BEGIN, as
+        receivers.py sets them, so a duplicate adds nothing to what the caller holds.)
+        """
+        scope = UniqueScope(cast(str, template.unique_scope))
+        holders: dict[str, Job] = {}
+        for round_ in range(UNIQUE_ROUNDS):
+            if round_ > 0:
+                keys = [cast(str, job.unique_key) for _, job in todo]
+                for holder in self.using(db).filter(HOLDS_KEY[scope], unique_key__in=keys):
+                    holder.deduplicated = True
+                    holders[cast(str, holder.unique_key)] = holder
+                todo = [(row, job) for row, job in todo if job.unique_key not in holders]
+                if not todo:
+                    break
+            last = round_ == UNIQUE_ROUNDS - 1
+            held = self._insert_chunks(
+                db, template, [r for r, _ in todo], [j for _, j in todo], lock_held=last
+            )
+            todo = [(row, job) for row, job in todo if job.pk is None]
+            if held:  # the last round's: returned by the INSERT
+                found = list(self.using(db).filter(pk__in=held.values()))
+                if len(found) != len(held):  # finished and deleted within the enqueue
+                    raise LostRace(
+                        f"Enqueueing {template.task_path}: the job that held a unique key "
+                        f"was deleted before it could be read. Nothing was enqueued; try again."
+                    )
+                for holder in found:
+                    holder.deduplicated = True
+                    holders[cast(str, holder.unique_key)] = holder
+                todo = []
+            if not todo:
+                break
+        return holders
+
     def _insert(
-        self, db: str, template: Job, rows: list[Row]
+        self, db: str, template: Job, rows: list[Row], lock_held: bool = False
     ) -> tuple[dict[str, int], dict[str, int], tuple[datetime, datetime]]:
         """INSERT `rows` like `template`; a row whose unique key is held is not written.
 
         Returns {result_id hex: id} of the rows written, {unique key: id} of the live rows
-        that held the others' keys, and the run_after and enqueued_at stored (the same for
-        every row written by one statement). One row is a plain INSERT ...
-        VALUES, which PostgreSQL plans faster; several are selected from one JSON array of
-        [result_id, args, kwargs, unique key].
+        that held the others' keys (with `lock_held` only), and the run_after and
+        enqueued_at stored (the same for every row written by one statement). One row is a
+        plain INSERT ... VALUES, which PostgreSQL plans faster; several are selected from
+        one JSON array of [result_id, args, kwargs, unique key].
         """
         connection = connections[db]
         qn = connection.ops.quote_name
@@ -265,7 +306,8 @@ class Enqueue(Writes):
             else f"VALUES ({', '.join(selected)})"
         )
         if unique:
-            row += self._on_conflict(connection, UniqueScope(cast(str, template.unique_scope)))
+            scope = UniqueScope(cast(str, template.unique_scope))
+            row += self._on_conflict(connection, scope, lock_held)
         returned_names = ("id", "result_id", *_CLOCKED, *(["unique_key"] if unique else []))
         returning = ", ".join(qn(name) for name in returned_names)
         if connection.vendor == "postgresql":
@@ -293,18 +335,20 @@ class Enqueue(Writes):
         enqueued_at = from_db(connection, meta.get_field("enqueued_at"), times[1])
         return written, held, (run_after, enqueued_at)
 
-    def _on_conflict(self, connection: BaseDatabaseWrapper, scope: UniqueScope) -> str:
-        """ON CONFLICT on the unique index of `scope`: the holder of the key is returned.
+    def _on_conflict(
+        self, connection: BaseDatabaseWrapper, scope: UniqueScope, lock_held: bool
+    ) -> str:
+        """ON CONFLICT on the unique index of `scope`: a row whose key is held is not written.
 
-        Its "update" writes the key that the row already has: it only makes the INSERT
-        return the holder it met, in the same statement. A second statement to read the
-        holder could find it finished (and the key free) and have to insert again; a
-        holder that finishes within this one is waited for, and PostgreSQL then inserts
-        (READ COMMITTED). The condition is the index's, compiled from HOLDS_KEY with its
-        values written out: the database picks the index by matching the two when it
-        parses the statement, before parameters have values.
+        DO NOTHING, which locks nothing; with `lock_held`, the holder of the key is returned
+        instead: its "update" writes the key that the row already has, only to make the
+        INSERT return the holder it met in the same statement (a holder that finishes
+        within it is waited for, and PostgreSQL then inserts), at the cost of locking the
+        holder until the transaction ends. The condition is the index's, compiled from
+        HOLDS_KEY with its values written out: the database picks the index by matching
+        the two when it parses the statement, before parameters have values.
         """
-        cached = _ON_CONFLICT.get((connection.vendor, scope))
+        cached = _ON_CONFLICT.get((connection.vendor, scope, lock_held))
         if cached is not None:
             return cached
         query = Query(self.model, alias_cols=False)
@@ -313,9 +357,7 @@ class Enqueue(Writes):
         )
         literals = tuple("'{}'".format(str(p).replace("'", "''")) for p in params)
         column = connection.ops.quote_name("unique_key")
-        sql = (
-            f" ON CONFLICT ({column}) WHERE {where % literals}"
-            f" DO UPDATE SET {column} = EXCLUDED.{column}"
-        )
-        _ON_CONFLICT[connection.vendor, scope] = sql
+        action = f"DO UPDATE SET {column} = EXCLUDED.{column}" if lock_held else "DO NOTHING"
+        sql = f" ON CONFLICT ({column}) WHERE {where % literals} {action}"
+        _ON_CONFLICT[connection.vendor, scope, lock_held] = sql
         return sql

@@ -12,14 +12,17 @@ from django.utils import timezone
 
 from django_jobstate.models import Job, Schedule
 from django_jobstate.schedule_settings import load
-from django_jobstate.scheduler import db_now, enqueue_tick, sync
+from django_jobstate.schedule_writes import db_now, enqueue_tick, sync
 from django_jobstate.schedules import Definition, relative
+
+from ...tasksapi import InvalidTask
 
 
 class Command(BaseCommand):
     help = (
         "List the periodic jobs (TASKS[alias]['OPTIONS']['SCHEDULES'] and JOBSTATE_RETENTION) "
-        "as the database holds them: enabled, next tick, last tick and its job's state."
+        "as the database holds them (enabled, next tick, last tick and its job's state), and the "
+        "settings' not stored yet."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -50,11 +53,18 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(rows, indent=2))
             return
         if not rows:
-            self.stdout.write("No schedules stored (runjobs stores the settings' when it starts).")
+            self.stdout.write("No schedules stored, and none in the settings.")
         now = timezone.now()
         for row in rows:
             status = "removed" if row["removed"] else "enabled" if row["enabled"] else "disabled"
+            if not row["stored"]:
+                status = "not stored yet"
             self.stdout.write(f"{row['name']}  [{status}]  {row['task']}  {row['schedule']}")
+            if not row["stored"]:
+                self.stdout.write(
+                    "    next tick: once stored (by runjobs when it starts, or schedules --sync)"
+                )
+                continue
             self.stdout.write(f"    next tick: {self.when(row['next_tick'], now)}")
             last = self.when(row["last_tick"], now)
             if row["last_job_state"]:
@@ -63,14 +73,16 @@ class Command(BaseCommand):
             self.stdout.write(f"    skipped: {row['skipped']}, missed: {row['missed']}")
 
     def rows(self) -> list[dict[str, Any]]:
+        """The stored schedules, and the settings' not stored yet (before the first sync)."""
         newest = Job.objects.filter(result_id=OuterRef("last_result_id")).order_by("-attempt")
         schedules = Schedule.objects.order_by("name").annotate(
             last_state=Subquery(newest.values("state")[:1]),
             last_job=Subquery(newest.values("pk")[:1]),
         )
-        return [
+        rows = [
             {
                 "name": s.name,
+                "stored": True,
                 "task": s.task_path,
                 "schedule": s.expression,
                 "cron": s.cron or None,
@@ -91,8 +103,34 @@ class Command(BaseCommand):
             }
             for s in schedules
         ]
+        stored = {row["name"] for row in rows}
+        rows += [self.not_stored(d) for d in load()[0].values() if d.name not in stored]
+        return sorted(rows, key=lambda row: row["name"])
 
-    def when(self, value: str | None, now: Any) -> str:
+    def not_stored(self, d: Definition) -> dict[str, Any]:
+        return {
+            "name": d.name,
+            "stored": False,
+            "task": d.task_path,
+            "schedule": d.expression,
+            "cron": d.cron or None,
+            "every": d.every,
+            "timezone": d.timezone,
+            "enabled": d.enabled,
+            "removed": False,
+            "next_tick": None,
+            "last_tick": None,
+            "last_job": None,
+            "last_job_state": None,
+            "skipped": 0,
+            "last_skipped": None,
+            "missed": 0,
+            "queue": d.queue_name,
+            "catch_up": d.catch_up,
+            "unique": d.unique,
+        }
+
+    def when(self, value: str | None, now: datetime) -> str:
         if value is None:
             return "never"
         return f"{value} ({relative(datetime.fromisoformat(value), now)})"
@@ -108,9 +146,20 @@ class Command(BaseCommand):
                 f"No schedule {name!r}; the schedules are: {known or 'none'}."
             ) from None
         db = router.db_for_write(Schedule)
-        with transaction.atomic(using=db):
-            job = enqueue_tick(db, Definition.from_row(schedule), db_now(db))
+        try:
+            with transaction.atomic(using=db):
+                job = enqueue_tick(
+                    db,
+                    Definition.from_row(schedule),
+                    db_now(db),
+                    last_result_id=schedule.last_result_id,
+                )
+        except (InvalidTask, TypeError, ValueError) as exc:  # its task, its arguments
+            raise CommandError(f"Schedule {name!r}: nothing enqueued: {exc}") from None
         if job.deduplicated:
-            self.stdout.write(f"Not enqueued: the last run of {name} (job {job.pk}) is still live.")
+            self.stdout.write(
+                f"Not enqueued: job {job.pk}, with the same unique key, is still live "
+                f"({job.state}): the last run of {name}, or another job of its task."
+            )
         else:
             self.stdout.write(f"Enqueued job {job.pk} of schedule {name}.")

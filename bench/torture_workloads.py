@@ -1,0 +1,513 @@
+"""The torture run's workloads beside its kills and outages, each drawn from the seed.
+
+Mixed into bench/torture.py's Torture (it needs its rng, faults, clock and tick()); each
+is switched off by its own --no-... flag, and checked by torture_check_workloads.py:
+- cancels at random moments (JobStateBackend.cancel, Job.objects.cancel_task, or
+  Job.objects.cancel of the newest attempt), of queued attempts due now (racing the
+  claim) or later, and of running ones (JOBSTATE_CANCEL_GRACE is 2 s in the settings);
+- a schedule ticking every second in every supervisor (torture_settings.py);
+- unique tasks enqueued again and again by two threads while the workers drain, on
+  PostgreSQL sometimes in a caller's transaction that stays open a moment after;
+- mixed batches: fast jobs and one slow one, due together, with no timeout (as where no
+  default is set), so that a worker claims them in one batch; half of them have the
+  worker of their slow job SIGKILLed while it runs;
+- locked rows: another connection holds SELECT ... FOR UPDATE on a few queued rows (on
+  SQLite, where there are no row locks, a read transaction as long) past the window;
+- a table lock while attempts with a 1 s timeout run: LOCK TABLE ... ACCESS EXCLUSIVE on
+  PostgreSQL, the write lock (BEGIN IMMEDIATE) on SQLite, for the lost-after window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import signal
+import sqlite3
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from bench.torture_check import Faults
+
+UNIQUE_KEYS = 6  # keys the unique tasks share: most enqueues meet a live holder
+UNIQUE_THREADS = 2
+# Fast jobs due just before each slow one: a worker claims one at a time until it has
+# seen how long jobs take, then as many as run in 50 ms; the last ones share its batch.
+BATCH_FAST_JOBS = 10
+BATCH_SLOW_SECONDS = 3.0
+LOCKED_ROWS = 3
+DEADLINE_JOBS = 8  # attempts with a 1 s timeout started just before a table lock
+LOCK_WAIT = 40  # tries (0.25 s apart) for an attempt to start before the lock or kill
+TICK_SCHEDULE = "torture-tick"
+
+
+@dataclass
+class Cancel:
+    """One cancel: of a task (its newest attempt) or, with `pk`, of one attempt."""
+
+    result_id: str
+    how: str  # "backend", "task" or "job"
+    picked: str  # what the row was when picked: "due", "later" or "running"
+    at: datetime  # database clock, before the call
+    done: datetime | None = None  # after it returned
+    pk: int | None = None  # the attempt Job.objects.cancel() was given
+    error: str = ""
+
+
+@dataclass
+class UniqueEnqueue:
+    """One enqueue of a unique task, and the task it returned (new, or the holder)."""
+
+    key: str
+    result_id: str
+    at: datetime
+    done: datetime
+    locked_holder: bool = False  # its transaction, still open, held the holder's row
+
+
+@dataclass
+class MixedBatch:
+    fast: list[str]
+    slow: str
+    at: datetime
+    kill: bool  # SIGKILL the worker of the slow job while it runs
+
+
+@dataclass
+class RowLock:
+    pks: list[int]
+    at: datetime
+    released: datetime | None = None
+    held: bool = False  # its SELECT ... FOR UPDATE returned (no outage before)
+
+
+@dataclass
+class Workload:
+    """What the workloads did, for the checks (part of Faults)."""
+
+    cancels: list[Cancel] = field(default_factory=list)
+    uniques: list[UniqueEnqueue] = field(default_factory=list)
+    unique_errors: Counter[str] = field(default_factory=Counter)  # error class -> count
+    unique_multi: set[str] = field(default_factory=set)  # keys seen with 2+ live rows
+    batches: list[MixedBatch] = field(default_factory=list)
+    row_locks: list[RowLock] = field(default_factory=list)
+    deadlines: list[str] = field(default_factory=list)  # result ids started before locks
+    ticks_until: datetime | None = None  # ticks from here on are past the run
+    row_locks_exclusive: bool = True  # False on SQLite: a read transaction, no row lock
+    ticks: bool = False
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add = parser.add_argument
+    add("--no-cancels", action="store_true", help="no cancels of queued and running tasks")
+    add("--cancels", type=int, help="default: duration/3, at least 4")
+    add("--no-ticks", action="store_true", help="no schedule ticking every second")
+    add("--no-unique", action="store_true", help="no unique tasks enqueued while draining")
+    add("--no-mixed-batches", action="store_true", help="no batches of fast jobs and a slow one")
+    add("--mixed-batches", type=int, help="default: duration/5, at least 3")
+    add("--no-row-locks", action="store_true", help="no rows locked by another connection")
+    add("--row-locks", type=int, help="default: duration/30, at least 1")
+    add("--no-table-lock", action="store_true", help="no table lock during deadlines")
+
+
+def resolve(options: argparse.Namespace) -> None:
+    d = options.duration
+    for name, off, default in (
+        ("cancels", options.no_cancels, max(4, round(d / 3))),
+        ("mixed_batches", options.no_mixed_batches, max(3, round(d / 5))),
+        ("row_locks", options.no_row_locks, max(1, round(d / 30))),
+    ):
+        count = getattr(options, name)
+        setattr(options, name, 0 if off else default if count is None else count)
+    options.table_lock = not options.no_table_lock
+    options.ticks = not options.no_ticks
+
+
+class Workloads:
+    """The workloads' part of Torture (see the module's docstring). Torture provides the
+    attributes below and db_now(), clock(), guarded(), owner(), victims()."""
+
+    options: argparse.Namespace
+    rng: random.Random
+    faults: Faults
+    lost_after: float
+    paused: dict[int, tuple[float, Any]]
+    away: tuple[float, Any] | None
+    lock: sqlite3.Connection | None
+
+    def init_workloads(self) -> None:
+        self.enqueued_ids: set[str] = set()
+        self.stop_uniques = threading.Event()
+        self.stop_all = threading.Event()  # the run is over: row locks end too
+        self.threads: list[threading.Thread] = []
+        self.pending_kills: list[tuple[MixedBatch, int]] = []
+        self.lock_tries = 0
+        self.deadline_ids: list[str] | None = None
+        self.table_conn: Any = None
+
+    def workload_events(self, duration: float) -> list[tuple[float, str]]:
+        o, rng, d = self.options, self.rng, duration
+        events = [(rng.uniform(0.05, 0.85) * d, "cancel") for _ in range(o.cancels)]
+        events += [(rng.uniform(0.05, 0.75) * d, "mixed_batch") for _ in range(o.mixed_batches)]
+        events += [(rng.uniform(0.05, 0.8) * d, "lock_rows") for _ in range(o.row_locks)]
+        return events
+
+    # ----------------------------------------------------------------- cancels
+
+    def cancel(self) -> bool:
+        from django.db import DatabaseError, connection
+        from django.tasks import task_backends
+
+        from bench.torture_tasks import ORDINARY
+        from django_jobstate.models import Job
+
+        picked = self.rng.choice(["due", "later", "running"])
+        how = self.rng.choice(["backend", "task", "job"])
+        now = self.db_now()
+
+        # Not the rows another connection holds locked: the cancel would wait for them.
+        locked = [
+            pk for lock in self.faults.workload.row_locks if not lock.released for pk in lock.pks
+        ]
+
+        def candidates() -> list[tuple[int, Any]]:
+            jobs = Job.objects.filter(task_path__in=ORDINARY).exclude(pk__in=locked)
+            jobs = jobs.order_by("run_after", "pk")
+            if picked == "running":
+                jobs = jobs.running()
+            elif picked == "due":
+                jobs = jobs.queued().filter(run_after__lte=now)
+            else:
+                jobs = jobs.queued().filter(run_after__gt=now)
+            return list(jobs.values_list("pk", "result_id")[:50])
+
+        found = self.guarded(candidates, [])
+        if not found:
+            return False
+        pk, result_id = self.rng.choice(found)
+        record = Cancel(str(result_id), how, picked, self.db_now())
+        try:
+            if how == "backend":
+                task_backends["default"].cancel(str(result_id))
+            elif how == "task":
+                Job.objects.cancel_task(result_id)
+            else:
+                record.pk = pk
+                Job.objects.cancel(Job.objects.get(pk=pk))
+        except DatabaseError as exc:  # an outage's edge: said, and checked as it ended
+            connection.close()
+            record.error = f"{type(exc).__name__}: {exc}"
+        record.done = self.db_now()
+        self.faults.workload.cancels.append(record)
+        print(f"  {self.clock()} cancel ({how}) of a {picked} task")
+        return True
+
+    # ------------------------------------------------------------ unique tasks
+
+    def start_uniques(self) -> None:
+        if self.options.no_unique:
+            return
+        for n in range(UNIQUE_THREADS):
+            thread = threading.Thread(target=self.enqueue_uniques, args=(n,), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def stop_threads(self, *, every: bool = False) -> None:
+        self.stop_uniques.set()
+        if every:
+            self.stop_all.set()
+        for thread in self.threads:
+            thread.join(timeout=60)
+        self.threads = []
+
+    def enqueue_uniques(self, n: int) -> None:
+        """Enqueue unique tasks over a few keys until told to stop (a thread of its own)."""
+        from django.db import DatabaseError, connection, transaction
+
+        from bench import torture_tasks as tt
+
+        rng = random.Random(f"{self.options.seed}/unique/{n}")
+        hold = self.options.db == "postgres"  # SQLite: a held transaction holds every writer
+        work = self.faults.workload
+        probe = None
+        errors: tuple[type[Exception], ...] = (DatabaseError,)
+        if hold:
+            import psycopg
+
+            errors = (DatabaseError, psycopg.Error)
+        try:
+            while not self.stop_uniques.is_set():
+                key = f"k{rng.randrange(UNIQUE_KEYS)}"
+                seconds = round(rng.uniform(0.1, 0.8), 2)
+                held = rng.uniform(0.2, 0.5) if hold and rng.random() < 0.3 else 0.0
+                at = self.db_now()
+                locked = False
+                try:
+                    with transaction.atomic():
+                        result = tt.unique_flaky.enqueue(
+                            self.options.seed, tt.SLEEP, seconds, self.options.fail_rate, key=key
+                        )
+                        if held:  # the caller's transaction goes on a moment
+                            probe = probe or pg_connect(lock_timeout=0.2)
+                            locked = holds_the_row(probe, str(result.id), held)
+                except errors as exc:  # an outage: the thread goes on once it is over
+                    connection.close()
+                    work.unique_errors[type(exc).__name__] += 1
+                    if probe is not None:
+                        probe.close()
+                        probe = None
+                    time.sleep(0.2)
+                    continue
+                done = self.db_now()
+                work.uniques.append(UniqueEnqueue(key, str(result.id), at, done, locked))
+                self.stop_uniques.wait(rng.uniform(0.02, 0.2))
+        finally:
+            connection.close()
+            if probe is not None:
+                probe.close()
+
+    # ---------------------------------------------------------- mixed batches
+
+    def mixed_batch(self) -> None:
+        from django.db import transaction
+        from django.test import override_settings
+        from django.utils import timezone
+
+        from bench import torture_tasks as tt
+
+        rng, o = self.rng, self.options
+        task = tt.batched_async if rng.random() < o.async_fraction else tt.batched
+        due = timezone.now()
+        # Ahead of the other due jobs, fast ones first (claim order: priority, due, id).
+        task = task.using(run_after=due, priority=5)
+        # No deadline: a timeout makes the worker write what it has before it begins.
+        with override_settings(JOBSTATE_DEFAULT_TIMEOUT=None), transaction.atomic():
+            fast = [task.enqueue(o.seed, tt.BATCH_FAST, 0, 0.0) for _ in range(BATCH_FAST_JOBS)]
+            slow = task.enqueue(o.seed, tt.BATCH_SLOW, BATCH_SLOW_SECONDS, 0.0)
+        batch = MixedBatch(
+            [str(r.id) for r in fast], str(slow.id), self.db_now(), rng.random() < 0.5
+        )
+        self.enqueued_ids.update([*batch.fast, batch.slow])
+        self.faults.workload.batches.append(batch)
+        if batch.kill:
+            self.pending_kills.append((batch, 0))
+        print(f"  {self.clock()} mixed batch enqueued{' (its slow job to be killed)' * batch.kill}")
+
+    def kill_batches(self) -> bool:
+        """SIGKILL the worker of each pending batch's slow job half-way through its body
+        (False while some are pending)."""
+        from bench.models import Execution
+        from bench.torture_check import Kill
+        from django_jobstate.models import Job, WorkerHeartbeat
+
+        pending, self.pending_kills = self.pending_kills, []
+        for batch, tries in pending:
+            # Half-way through its body: the batch's fast jobs returned a while ago.
+            since = self.db_now() - timedelta(seconds=BATCH_SLOW_SECONDS / 2)
+
+            def worker(
+                batch: MixedBatch = batch, since: datetime = since
+            ) -> tuple[int, str] | None:
+                job = Job.objects.running().filter(result_id=batch.slow).first()
+                if job is None or not Execution.objects.filter(
+                    result_id=batch.slow, attempt=job.attempt, recorded_at__lte=since
+                ):
+                    return None
+                beat = WorkerHeartbeat.objects.filter(worker_id=job.worker_id).first()
+                return None if beat is None else (beat.pid, job.worker_id)
+
+            found = self.guarded(worker, None)
+            supervisor = found and self.owner(found[0])
+            if not found or not supervisor or supervisor.host or found[0] in self.paused:
+                if tries < 2 * LOCK_WAIT:
+                    self.pending_kills.append((batch, tries + 1))
+                continue
+            pid, worker_id = found
+            at = self.db_now()
+            os.kill(pid, signal.SIGKILL)
+            kill = Kill("worker", worker_id, at, self.victims(at, worker_id=worker_id))
+            self.faults.kills.append(kill)
+            print(
+                f"  {self.clock()} SIGKILL worker {worker_id} in a mixed batch's slow job "
+                f"({len(kill.victims)} running)"
+            )
+        return not self.pending_kills
+
+    # ------------------------------------------------------------ locked rows
+
+    def lock_rows(self) -> bool:
+        from django_jobstate.models import Job
+
+        soon = self.db_now() + timedelta(seconds=2)
+
+        def candidates() -> list[int]:
+            queued = Job.objects.queued().filter(run_after__lte=soon).order_by("run_after", "pk")
+            return list(queued.values_list("pk", flat=True)[:30])
+
+        pks = self.guarded(candidates, [])
+        if not pks:
+            return False
+        self.faults.workload.row_locks_exclusive = self.options.db == "postgres"
+        lock = RowLock(self.rng.sample(pks, min(LOCKED_ROWS, len(pks))), self.db_now())
+        seconds = self.lost_after + 2.0
+        thread = threading.Thread(target=self.hold_rows, args=(lock, seconds), daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        self.faults.workload.row_locks.append(lock)
+        print(f"  {self.clock()} {len(lock.pks)} queued rows locked for {seconds:g} s")
+        return True
+
+    def hold_rows(self, lock: RowLock, seconds: float) -> None:
+        """SELECT ... FOR UPDATE the rows still queued, keep them a while (a thread)."""
+        from django.db import DatabaseError, connection, transaction
+
+        from django_jobstate.models import Job
+
+        try:
+            with transaction.atomic():
+                rows = Job.objects.select_for_update().filter(pk__in=lock.pks).queued()
+                lock.pks = list(rows.values_list("pk", flat=True))
+                lock.at, lock.held = self.db_now(), True
+                self.stop_all.wait(seconds)
+        except DatabaseError:  # an outage meanwhile: the lock went with the connection
+            pass
+        finally:
+            lock.released = self.db_now()
+            connection.close()
+
+    # ------------------------------------------------------- the table lock
+
+    def table_lock(self) -> bool:
+        """Lock the job table for the lost-after window just after attempts with a 1 s
+        timeout began (False until one has, for up to LOCK_WAIT tries)."""
+        from bench.models import Execution
+        from bench.torture_check import Outage
+
+        if any(lock.released is None for lock in self.faults.workload.row_locks):
+            return False  # the lock would wait for them, and this loop with it
+        if self.deadline_ids is None:
+            self.deadline_ids, self.lock_tries = self.enqueue_deadlines(), 0
+            return False
+        since = self.db_now() - timedelta(seconds=0.5)
+        ids = self.deadline_ids
+        started = Execution.objects.filter(result_id__in=ids, attempt=1, recorded_at__gte=since)
+        self.lock_tries += 1
+        if not self.guarded(started.exists, False) and self.lock_tries < LOCK_WAIT:
+            return False
+        seconds = self.lost_after
+        if self.options.db == "postgres":
+            import psycopg
+
+            from django_jobstate.models import Job
+
+            self.table_conn = pg_connect(lock_timeout=2.0)
+            table = Job._meta.db_table
+            try:
+                self.table_conn.execute(f'LOCK TABLE "{table}" IN ACCESS EXCLUSIVE MODE')
+            except psycopg.Error:  # a long transaction in the way: try again a moment later
+                self.table_conn.close()
+                self.table_conn = None
+                return False
+            what = "job table locked (ACCESS EXCLUSIVE)"
+        else:
+            self.hold_sqlite_write_lock()
+            what = "SQLite's write lock held during deadlines"
+        self.deadline_ids = None
+        lock = Outage(what, self.db_now())
+        self.faults.table_locks.append(lock)
+        self.away = (time.monotonic() + seconds, lock)
+        print(f"  {self.clock()} {what} for {seconds:g} s")
+        return True
+
+    def enqueue_deadlines(self) -> list[str]:
+        """Attempts with a 1 s timeout, due now and ahead of the rest, mostly async."""
+        from django.db import transaction
+        from django.utils import timezone
+
+        from bench import torture_tasks as tt
+
+        now, o = timezone.now(), self.options
+        with transaction.atomic():
+            results = [
+                (tt.overrun if n % 4 == 0 else tt.overrun_async)
+                .using(run_after=now, priority=10)
+                .enqueue(o.seed, tt.DEADLINE, 3.0, o.fail_rate)
+                for n in range(DEADLINE_JOBS)
+            ]
+        ids = [str(r.id) for r in results]
+        self.enqueued_ids.update(ids)
+        self.faults.workload.deadlines += ids
+        return ids
+
+    def release_table_lock(self) -> bool:
+        """End the table lock in progress, if any (False: none on PostgreSQL)."""
+        if self.table_conn is None:
+            return False
+        self.table_conn.rollback()
+        self.table_conn.close()
+        self.table_conn = None
+        print(f"  {self.clock()} job table unlocked")
+        return True
+
+    def hold_sqlite_write_lock(self) -> None:
+        """Another connection takes SQLite's write lock (BEGIN IMMEDIATE) and keeps it."""
+        from django.db import connection
+
+        self.lock = sqlite3.connect(
+            str(connection.settings_dict["NAME"]), timeout=60, isolation_level=None
+        )
+        self.lock.execute("BEGIN IMMEDIATE")
+
+
+def pg_connect(lock_timeout: float) -> Any:
+    """A connection of its own to the run's PostgreSQL database (psycopg, not Django's).
+
+    Its locks wait `lock_timeout` seconds at most: a table lock asked for queues every
+    later lock behind it, this process's other connections' included, so an unbounded
+    wait could wait for itself.
+    """
+    import psycopg
+    from django.db import connection
+
+    s = connection.settings_dict
+    return psycopg.connect(
+        host=s["HOST"],
+        port=s["PORT"],
+        user=s["USER"],
+        password=s["PASSWORD"],
+        dbname=s["NAME"],
+        options=f"-c lock_timeout={int(lock_timeout * 1000)}",
+    )
+
+
+def holds_the_row(probe: Any, result_id: str, seconds: float) -> bool:
+    """Spend `seconds` in the caller's transaction; say whether it held the live row of
+    `result_id` meanwhile (another connection cannot lock it, at the start and the end).
+
+    A new task's row is not committed yet: the probe does not see it. A worker's own
+    write holds the row for milliseconds: seen at both probes, the lock is the caller's.
+    """
+    from django_jobstate.models import Job
+
+    table = Job._meta.db_table
+    sql = (
+        f'SELECT 1 FROM "{table}" WHERE result_id = %s AND finished_at IS NULL '
+        "FOR NO KEY UPDATE NOWAIT"
+    )
+    import psycopg
+
+    seen = []
+    for wait in (0.05, seconds - 0.1):
+        time.sleep(wait)
+        try:
+            with probe.transaction():
+                probe.execute(sql, [result_id])
+            seen.append(False)
+        except psycopg.errors.LockNotAvailable as exc:  # NOWAIT's, or the lock_timeout's
+            seen.append(exc.diag.message_primary.startswith("could not obtain lock on row"))
+    return all(seen)
