@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any, cast
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
@@ -47,6 +46,7 @@ from .models import Job
 from .states import State
 from .stuck import Concern, why_stuck
 from .task_options import option_sources, with_settings
+from .tasksapi import InvalidTask
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec

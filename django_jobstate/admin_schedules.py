@@ -12,7 +12,6 @@ from django.contrib import admin, messages
 from django.db import router, transaction
 from django.db.models import OuterRef, QuerySet, Subquery
 from django.http import HttpRequest
-from django.tasks.exceptions import InvalidTask
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -25,6 +24,7 @@ from .models import Job, Schedule
 from .schedule_writes import db_now, enqueue_tick
 from .schedules import Definition, relative
 from .states import State
+from .tasksapi import InvalidTask
 
 FIELDS = [
     *["name", "task_path", "expression", "enabled", "next_tick", "last_tick", "last_job"],

@@ -15,9 +15,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from django.db import InterfaceError, OperationalError
-from django.tasks import Task, TaskResult
-from django.tasks.exceptions import InvalidTask
-from django.tasks.signals import task_started
 
 from .backend import JobStateBackend, load_task, to_task_result
 from .context import JobStateContext
@@ -28,6 +25,7 @@ from .models import Job
 from .payload import encode_payload
 from .states import FailureReason
 from .task_options import with_settings
+from .tasksapi import InvalidTask, Task, TaskResult, send, task_started
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -175,7 +173,7 @@ class AttemptRunner:
 
     def arguments(self, job: Job, task: Task, result: TaskResult, index: int) -> tuple[object, ...]:
         """Send task_started; the arguments the body takes before the job's own."""
-        task_started.send(JobStateBackend, task_result=result)
+        send(task_started, JobStateBackend, task_result=result)
         if not task.takes_context:
             return ()
         flag = functools.partial(self.ledger.cancel_requested, index)

@@ -11,11 +11,6 @@ from django.apps import apps
 from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import OperationalError
-from django.tasks import Task, TaskResult, TaskResultStatus
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
-from django.tasks.exceptions import TaskResultDoesNotExist
-from django.tasks.signals import task_enqueued
 
 from .conf import Settings, get_settings
 from .loading import check_loadable
@@ -23,6 +18,17 @@ from .loading import load_task as load_task  # re-exported: worker.py imports it
 from .states import FailureReason, State
 from .task_options import JobStateTask as JobStateTask  # the public path of the task class
 from .task_options import validate_options, validate_queue, with_settings
+from .tasksapi import (
+    TASK_REFRESH_ATTRS,
+    BaseTaskBackend,
+    Task,
+    TaskError,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultStatus,
+    send,
+    task_enqueued,
+)
 from .testing import DummyBackend as DummyBackend  # the test settings' backends
 from .testing import ImmediateBackend as ImmediateBackend
 from .uniqueness import UniqueScope, is_unique, unique_key
@@ -106,7 +112,7 @@ class JobStateBackend(BaseTaskBackend):
                 results.append(to_task_result(attempts, task if same else None))
                 continue
             result = to_task_result([job], task)
-            task_enqueued.send(type(self), task_result=result)
+            send(task_enqueued, type(self), task_result=result)
             results.append(result)
         return results
 

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
-from django.tasks import TaskContext
 
 from .exceptions import JobCancelled
+from .tasksapi import TaskContext
 
 if TYPE_CHECKING:
     from .models import Job

@@ -1,8 +1,7 @@
 """Exceptions raised by django-jobstate, and the ones it records as a failed attempt's error."""
 
-from django.tasks.exceptions import InvalidTask
-
 from .states import InvalidTransition
+from .tasksapi import InvalidTask
 
 __all__ = [
     "InvalidPayload",

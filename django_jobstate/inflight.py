@@ -29,7 +29,6 @@ from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
-from django.tasks import Task, TaskResult
 
 from .attempts import Outcome
 from .exceptions import JobCancelled, JobTimeout
@@ -37,6 +36,7 @@ from .logs import job_fields
 from .models import Job
 from .payload import encode_payload
 from .states import FailureReason
+from .tasksapi import Task, TaskResult
 from .worker import FLUSH_AFTER
 
 if TYPE_CHECKING:

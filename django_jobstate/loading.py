@@ -27,11 +27,10 @@ import types
 from importlib import import_module
 
 from django.apps import apps
-from django.tasks import Task
-from django.tasks.exceptions import InvalidTask
 from django.utils.module_loading import module_has_submodule
 
 from .conf import get_settings
+from .tasksapi import InvalidTask, Task
 
 
 def how_to_allow(module_name: str) -> str:

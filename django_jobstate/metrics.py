@@ -163,9 +163,8 @@ class DatabaseCollector:
 
 
 def _known_queues() -> set[str]:
-    from django.tasks import task_backends
-
     from .backend import JobStateBackend
+    from .tasksapi import task_backends
 
     return {q for b in task_backends.all() if isinstance(b, JobStateBackend) for q in b.queues}
 

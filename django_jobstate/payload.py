@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.utils.json import normalize_json
-
 from .conf import get_settings
 from .exceptions import InvalidPayload
+from .tasksapi import normalize_json
 
 MAX_PAYLOAD_DEPTH = 100
 

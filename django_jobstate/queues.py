@@ -30,9 +30,8 @@ logger = logging.getLogger("django_jobstate")
 def configured_queues() -> tuple[set[str], bool]:
     """The queues the TASKS aliases of this package's backends list, and whether one of
     them lists none, so that it accepts any queue name."""
-    from django.tasks import task_backends
-
     from .backend import DummyBackend, ImmediateBackend, JobStateBackend
+    from .tasksapi import task_backends
 
     names: set[str] = set()
     open_ended = False

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
 from django.db import DatabaseError, connections
-from django.tasks import Task
-from django.tasks.signals import task_finished
 from django.utils import timezone
 
 from . import metrics
@@ -26,6 +24,7 @@ from .logs import job_fields
 from .managers import connection_lost, describe_error
 from .models import Job
 from .states import State
+from .tasksapi import Task, send, task_finished
 
 if TYPE_CHECKING:
     from .attempts import Outcome
@@ -187,12 +186,12 @@ class OutcomeWriter:
             return
         try:
             if error is None:
-                task_finished.send(JobStateBackend, task_result=result)
+                send(task_finished, JobStateBackend, task_result=result)
                 return
             try:
                 raise error
             except BaseException:
-                task_finished.send(JobStateBackend, task_result=result)
+                send(task_finished, JobStateBackend, task_result=result)
         except Exception:  # a receiver's: the outcome is written, the worker goes on
             logger.exception(
                 "Job %s: a task_finished receiver raised",

@@ -10,12 +10,11 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, register
-from django.tasks import task_backends
-from django.tasks.exceptions import InvalidTask
 
 from .backend import JobStateBackend
 from .loading import load_task
 from .schedules import PRUNE_SCHEDULE, Definition, ScheduleError, parse
+from .tasksapi import InvalidTask, task_backends
 
 PRUNE_TASK = "django_jobstate.tasks.prune_jobs"
 # Every key of TASKS[alias]["OPTIONS"] that a JobStateBackend reads (a new option is added

@@ -31,7 +31,6 @@ from typing import Any
 from django.db import DatabaseError, IntegrityError, connections, router, transaction
 from django.db.models import F
 from django.db.models.expressions import RawSQL
-from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
 from .managers import connection_lost
@@ -39,6 +38,7 @@ from .models import Job, Schedule
 from .schedule_settings import load
 from .schedule_writes import db_now, enqueue_tick, sync
 from .schedules import Definition, Plan
+from .tasksapi import InvalidTask
 
 __all__ = ["Scheduler", "SchedulerThread", "db_now", "enqueue_tick", "sync"]
 

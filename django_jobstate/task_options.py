@@ -14,12 +14,9 @@ from dataclasses import dataclass, field, fields, replace
 from numbers import Real
 from typing import Any, cast
 
-from django.tasks import Task
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.exceptions import InvalidTask
-
 from .conf import LIMIT_NAMES, YEAR, get_settings
 from .exceptions import InvalidPayload
+from .tasksapi import BaseTaskBackend, InvalidTask, Task
 from .uniqueness import UniqueScope, validate_unique
 
 # The options JOBSTATE_TASK_OPTIONS may set: JobStateTask's, save the per-call ones

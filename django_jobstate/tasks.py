@@ -9,9 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.tasks import task
-
 from .schedule_settings import RETENTION_STATES, jobstate_backends
+from .tasksapi import task
 
 _backends = jobstate_backends()
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.tasks import Task, TaskResult
-from django.tasks.backends.base import BaseTaskBackend
-from django.tasks.backends.dummy import DummyBackend as DjangoDummyBackend
-from django.tasks.backends.immediate import ImmediateBackend as DjangoImmediateBackend
-
 from .loading import check_loadable
 from .payload import encode_payload
 from .task_options import JobStateTask, validate_options, validate_queue, with_settings
+from .tasksapi import BaseTaskBackend, Task, TaskResult
+from .tasksapi import DummyBackend as DjangoDummyBackend
+from .tasksapi import ImmediateBackend as DjangoImmediateBackend
 from .uniqueness import is_unique, unique_key
 
 

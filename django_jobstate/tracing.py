@@ -22,9 +22,8 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from .managers.base import describe_error
 
 if TYPE_CHECKING:
-    from django.tasks import Task
-
     from .models import Job
+    from .tasksapi import Task
 
 SYSTEM = "django_jobstate"
 tracer = trace.get_tracer("django_jobstate")

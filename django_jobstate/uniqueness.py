@@ -19,12 +19,11 @@ from typing import Any
 
 from django.db import models
 from django.db.models import Q
-from django.tasks import Task
-from django.tasks.exceptions import InvalidTask
 from django.utils.translation import gettext_lazy as _
 
 from .payload import encode_payload
 from .states import State
+from .tasksapi import InvalidTask, Task
 
 
 class UniqueScope(models.TextChoices):

@@ -28,7 +28,6 @@ from django.db import (
     connections,
     router,
 )
-from django.tasks import Task
 
 from . import metrics
 from .attempts import AttemptRunner, Outcome
@@ -39,6 +38,7 @@ from .logs import job_fields
 from .managers import ClaimKey, claim_key
 from .models import Job
 from .recording import OutcomeWriter
+from .tasksapi import Task
 from .wakeup import Waiter
 from .watchdog import Watchdog
 

@@ -2,7 +2,12 @@
 
 import time
 
-from django.tasks import task
+import django
+
+if django.VERSION >= (6, 1):
+    from django.tasks import task
+else:  # Django 5.2 and 6.0: the django-tasks backport (README, Requirements)
+    from django_tasks import task
 
 
 @task

@@ -175,20 +175,26 @@ ensure_venv() {
     hash -r
 }
 
-# ensure_matrix_venv X.Y A.B: make $JOBSTATE_ROOT/.venv-matrix/pyX.Y-djangoA.B, a
-# Python X.Y environment with the package (editable), the test dependency group and
-# Django A.B.x, and print its path. Like ensure_venv, it installs again only when
-# pyproject.toml changed (a stamp records it).
+# ensure_matrix_venv X.Y A.B [backport]: make $JOBSTATE_ROOT/.venv-matrix/pyX.Y-djangoA.B
+# (suffixed -backport with the third argument), a Python X.Y environment with the package
+# (editable; with its [backport] extra, the django-tasks backport, given "backport"), the
+# test dependency group and Django A.B.x, and print its path. Like ensure_venv, it installs
+# again only when pyproject.toml changed (a stamp records it).
 ensure_matrix_venv() {
-    local pyver=$1 series=$2 venv stamp spec want py
-    venv="$JOBSTATE_ROOT/.venv-matrix/py$pyver-django$series"
+    local pyver=$1 series=$2 extra=${3:-} venv stamp spec want py pkg=.
+    if [[ -n $extra && $extra != backport ]]; then
+        _err "ensure_matrix_venv: the third argument can only be 'backport', got '$extra'"
+        return 1
+    fi
+    venv="$JOBSTATE_ROOT/.venv-matrix/py$pyver-django$series${extra:+-$extra}"
+    if [[ -n $extra ]]; then pkg=".[$extra]"; fi
     stamp="$venv/.jobstate-stamp"
     if [[ ! $pyver =~ ^3\.[0-9]+$ || ! $series =~ ^[0-9]+\.[0-9]+$ ]]; then
         _err "ensure_matrix_venv: want a Python and a Django version as X.Y, got '$pyver' '$series'"
         return 1
     fi
     spec="Django>=$series,<${series%.*}.$((${series#*.} + 1))"
-    want="pyproject $(_sha256 <"$JOBSTATE_ROOT/pyproject.toml") $spec" || return 1
+    want="pyproject $(_sha256 <"$JOBSTATE_ROOT/pyproject.toml") $spec $pkg" || return 1
     if [[ -x $venv/bin/python ]] && _python_is "$venv/bin/python" "$pyver"; then
         if [[ -f $stamp && $(<"$stamp") == "$want" ]]; then
             echo "$venv"
@@ -200,11 +206,11 @@ ensure_matrix_venv() {
         _log "Creating $venv with $py ($(_python_version "$py"))"
         "$py" -m venv "$venv" || return 1
     fi
-    _log "Installing django-jobstate (editable), the test group and $spec into $venv"
+    _log "Installing django-jobstate (editable, $pkg), the test group and $spec into $venv"
     rm -f "$stamp"
     # --group (PEP 735) needs pip >= 25.1.
     "$venv/bin/python" -m pip install -q -U pip >&2 || return 1
-    (cd "$JOBSTATE_ROOT" && "$venv/bin/python" -m pip install -q -e . --group test "$spec") >&2 ||
+    (cd "$JOBSTATE_ROOT" && "$venv/bin/python" -m pip install -q -e "$pkg" --group test "$spec") >&2 ||
         return 1
     echo "$want" >"$stamp" || return 1
     echo "$venv"

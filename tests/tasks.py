@@ -7,9 +7,8 @@ import sys
 import time
 from pathlib import Path
 
-from django.tasks import TaskContext, task
-
 from django_jobstate.context import JobStateContext
+from django_jobstate.tasksapi import TaskContext, task
 from tests.models import Execution
 
 
@@ -514,3 +513,22 @@ def starts_then_sleeps(label: str, seconds: float) -> str:
     time.sleep(seconds)
     Execution.objects.create(label=f"{label}:end")
     return label
+
+
+# Declared with the django-tasks backport's decorator where it is installed: on Django 5.2
+# and 6.0 it is the framework; on 6.1 a project that still has it (Wagtail pulls it in) mixes
+# both decorators on the same backend (tests/test_tasksapi.py).
+try:
+    from django_tasks import task as backport_task
+except ImportError:
+    backport_task = None
+
+if backport_task is not None:
+
+    @backport_task(max_attempts=2, backoff=0, queue_name="emails", priority=5)
+    def backport_flaky(label: str) -> str:
+        """Fail the first attempt, succeed the second: the options reached the worker."""
+        Execution.objects.create(label=label)
+        if Execution.objects.filter(label=label).count() < 2:
+            raise ValueError(f"{label}: first attempt")
+        return label

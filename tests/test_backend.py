@@ -10,9 +10,6 @@ from functools import partial
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.tasks import TaskResultStatus, default_task_backend, task
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
-from django.tasks.signals import task_enqueued
 from django.test import modify_settings
 from django.utils import timezone
 
@@ -20,6 +17,16 @@ from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import InvalidPayload
 from django_jobstate.models import Job
 from django_jobstate.states import State
+from django_jobstate.tasksapi import (
+    FRAMEWORK,
+    InvalidTask,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+    TaskResultStatus,
+    default_task_backend,
+    task,
+    task_enqueued,
+)
 from tests.conftest import ROOT
 from tests.factories import JobFactory
 from tests.tasks import aliased, email, not_a_task, record, with_options
@@ -384,7 +391,7 @@ PROJECT = {
     ),
     "shop/__init__.py": "",
     "shop/models.py": "{imports}",
-    "shop/tasks.py": "from django.tasks import task\n\n\n@task\ndef ship(order_id): ...\n",
+    "shop/tasks.py": f"from {FRAMEWORK} import task\n\n\n@task\ndef ship(order_id): ...\n",
     "shop/urls.py": "from . import tasks  # noqa\n\nurlpatterns = []\n",
 }
 
@@ -393,7 +400,7 @@ PROJECT = {
     "imports",
     [
         "",  # nothing: the URL check imports the tasks, after Django chose which checks run
-        "import django.tasks\n",  # Django's check of TASKS runs, and the backend's check()
+        f"import {FRAMEWORK}\n",  # the framework's check of TASKS runs, and the backend's check()
     ],
 )
 def test_manage_py_check_reports_e003_without_the_app(tmp_path, imports):

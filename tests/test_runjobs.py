@@ -11,10 +11,10 @@ from datetime import timedelta
 import pytest
 from django.conf import settings
 from django.db import connection, connections, transaction
-from django.tasks import TaskResultStatus
 
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import FailureReason, State
+from django_jobstate.tasksapi import TaskResultStatus
 from tests import tasks
 from tests.models import Execution
 

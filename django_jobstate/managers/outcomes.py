@@ -188,6 +188,10 @@ class Outcomes(Writes):
                         f"Job {job.pk} was deleted (pruned) before its next attempt was "
                         f"written: nothing was retried."
                     )
+                if isinstance(next_attempt.enqueued_at, RawSQL):
+                    # Django 5.2 leaves the expressions on the instance (6.0 reads them back
+                    # with the INSERT's RETURNING): read the values the database wrote.
+                    next_attempt.refresh_from_db(fields=["run_after", "enqueued_at"])
                 due_now = next_attempt.run_after <= next_attempt.enqueued_at
                 if connection.vendor == "postgresql" and due_now:
                     with connection.cursor() as cursor:  # due at once: wake a worker

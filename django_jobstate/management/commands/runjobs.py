@@ -169,10 +169,11 @@ class Command(BaseCommand):
 def refuse_to_start(queues: list[str] | None, *, burst: bool) -> None:
     """Say why runjobs cannot do its job, before any worker starts; warn of unknown queues."""
     from django.db import DatabaseError, connections, router
-    from django.tasks import task_backends
 
     from django_jobstate.backend import JobStateBackend
     from django_jobstate.models import Job
+
+    from ...tasksapi import task_backends
 
     backends = [b for b in task_backends.all() if isinstance(b, JobStateBackend)]
     if not backends:

@@ -8,13 +8,14 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import router, transaction
 from django.db.models import OuterRef, Subquery
-from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
 from django_jobstate.models import Job, Schedule
 from django_jobstate.schedule_settings import load
 from django_jobstate.schedule_writes import db_now, enqueue_tick, sync
 from django_jobstate.schedules import Definition, relative
+
+from ...tasksapi import InvalidTask
 
 
 class Command(BaseCommand):

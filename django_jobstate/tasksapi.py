@@ -1,0 +1,123 @@
+"""The Tasks framework's names: Django's own (6.1+) or the django-tasks backport's (5.2, 6.0).
+
+Every module of the package imports them from here, never from django.tasks or django_tasks:
+the choice is made once, at import, by the installed Django's version. On 6.1 a project may
+also have the backport (Wagtail pulls it in): tasks declared with either decorator land on
+the same backend (both build the backend's task_class), and send() sends the backport's
+signals beside Django's.
+"""
+
+import sys
+from typing import TYPE_CHECKING, Any
+
+import django
+from django.core.exceptions import ImproperlyConfigured
+from django.dispatch import Signal
+
+# Django 6.0 has django.tasks too, but its @task drops the options of the backend's
+# task_class (max_attempts, unique, ...): 6.0 goes through the backport, as 5.2 does.
+if TYPE_CHECKING or django.VERSION >= (6, 1):
+    from django.tasks import (
+        DEFAULT_TASK_BACKEND_ALIAS,
+        DEFAULT_TASK_QUEUE_NAME,
+        Task,
+        TaskContext,
+        TaskResult,
+        TaskResultStatus,
+        default_task_backend,
+        task,
+        task_backends,
+    )
+    from django.tasks.backends.base import BaseTaskBackend
+    from django.tasks.backends.dummy import DummyBackend
+    from django.tasks.backends.immediate import ImmediateBackend
+    from django.tasks.base import TASK_REFRESH_ATTRS, TaskError
+    from django.tasks.exceptions import (
+        InvalidTask,
+        InvalidTaskBackend,
+        TaskResultDoesNotExist,
+        TaskResultMismatch,
+    )
+    from django.tasks.signals import task_enqueued, task_finished, task_started
+    from django.utils.json import normalize_json
+
+    FRAMEWORK = "django.tasks"  # the package (and logger) name of the framework in use
+    OTHER_SIGNALS = "django_tasks.signals"
+else:  # pragma: no cover - the backport pairs of the test matrix run this branch
+    try:
+        import django_tasks  # noqa: F401
+    except ImportError as exc:
+        raise ImproperlyConfigured(
+            f"django-jobstate needs the django-tasks backport on Django "
+            f"{django.get_version()} (Django 6.1 has the Tasks framework built in): "
+            f"pip install 'django-jobstate[backport]'."
+        ) from exc
+    from django_tasks import (
+        DEFAULT_TASK_BACKEND_ALIAS,
+        DEFAULT_TASK_QUEUE_NAME,
+        TaskContext,
+        TaskResult,
+        TaskResultStatus,
+        default_task_backend,
+        task,
+        task_backends,
+    )
+    from django_tasks.backends.base import BaseTaskBackend
+    from django_tasks.backends.dummy import DummyBackend
+    from django_tasks.backends.immediate import ImmediateBackend
+    from django_tasks.base import TASK_REFRESH_ATTRS, Task, TaskError
+
+    # The backport's names for Django's InvalidTask and InvalidTaskBackend.
+    from django_tasks.exceptions import InvalidTaskBackendError as InvalidTaskBackend
+    from django_tasks.exceptions import InvalidTaskError as InvalidTask
+    from django_tasks.exceptions import TaskResultDoesNotExist, TaskResultMismatch
+    from django_tasks.signals import task_enqueued, task_finished, task_started
+    from django_tasks.utils import normalize_json
+
+    FRAMEWORK = "django_tasks"
+    OTHER_SIGNALS = "django.tasks.signals"
+
+__all__ = [
+    "DEFAULT_TASK_BACKEND_ALIAS",
+    "DEFAULT_TASK_QUEUE_NAME",
+    "FRAMEWORK",
+    "TASK_REFRESH_ATTRS",
+    "BaseTaskBackend",
+    "DummyBackend",
+    "ImmediateBackend",
+    "InvalidTask",
+    "InvalidTaskBackend",
+    "Task",
+    "TaskContext",
+    "TaskError",
+    "TaskResult",
+    "TaskResultDoesNotExist",
+    "TaskResultMismatch",
+    "TaskResultStatus",
+    "default_task_backend",
+    "normalize_json",
+    "send",
+    "task",
+    "task_backends",
+    "task_enqueued",
+    "task_finished",
+    "task_started",
+]
+
+_NAMES = {id(task_enqueued): "task_enqueued", id(task_started): "task_started"}
+_NAMES[id(task_finished)] = "task_finished"
+
+
+def send(signal: Signal, sender: type, **kwargs: Any) -> list[tuple[Any, Any]]:
+    """Send one of the framework's signals, and the other framework's namesake when that one
+    is in use: on Django 6.1, the backport's, once anything imported django_tasks.signals
+    (its app, or an app that connects receivers to it); with the backport, Django's.
+
+    A module nobody imported has no receivers: looking in sys.modules (not importing it)
+    costs nothing and leaves a project without the other framework untouched.
+    """
+    responses = signal.send(sender, **kwargs)
+    other = getattr(sys.modules.get(OTHER_SIGNALS), _NAMES[id(signal)], signal)
+    if other is not signal:  # never twice to the same receivers
+        responses += other.send(sender, **kwargs)
+    return responses

@@ -1,0 +1,146 @@
+"""The Tasks framework's seam: Django 6.1's django.tasks, or the django-tasks backport.
+
+Runs on every pair of the test matrix (scripts/test): what a pair lacks is skipped, so each
+pair tests what it has (Django 5.2 + backport, 6.0 + backport, 6.1 with and without it).
+"""
+
+import importlib
+import importlib.util
+import logging
+import subprocess
+import sys
+import time
+
+import django
+import pytest
+
+from django_jobstate import tasksapi
+from django_jobstate.backend import JobStateBackend, JobStateTask
+from django_jobstate.models import Job
+from django_jobstate.worker import Worker
+from tests import tasks
+from tests.conftest import ROOT
+
+HAS_BACKPORT = importlib.util.find_spec("django_tasks") is not None
+needs_backport = pytest.mark.skipif(not HAS_BACKPORT, reason="django-tasks is not installed")
+
+# Each framework present: Django's own from 6.0 (6.0's is not used, but its signals can have
+# receivers), the backport where installed.
+SIGNAL_MODULES = [
+    name
+    for name, present in [
+        ("django.tasks.signals", django.VERSION >= (6, 0)),
+        ("django_tasks.signals", HAS_BACKPORT),
+    ]
+    if present
+]
+
+
+def test_the_framework_follows_the_django_version():
+    name = "django.tasks" if django.VERSION >= (6, 1) else "django_tasks"
+
+    assert name == tasksapi.FRAMEWORK
+    assert tasksapi.task_backends is importlib.import_module(name).task_backends
+    assert tasksapi.Task is importlib.import_module(f"{name}.base").Task
+    assert issubclass(JobStateBackend, tasksapi.BaseTaskBackend)
+
+
+@pytest.mark.skipif(django.VERSION >= (6, 1), reason="Django 6.1 needs no backport")
+def test_without_the_backport_the_error_says_what_to_install():
+    # None in sys.modules: the import fails as it does where the package is not installed.
+    code = "import sys; sys.modules['django_tasks'] = None; import django_jobstate.tasksapi"
+
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+
+    assert done.returncode == 1
+    assert "ImproperlyConfigured" in done.stderr
+    assert "pip install 'django-jobstate[backport]'" in done.stderr
+
+
+@needs_backport
+def test_the_backports_decorator_forwards_the_options_to_our_task_class():
+    backport = tasks.backport_flaky
+
+    assert isinstance(backport, JobStateTask)
+    assert (backport.max_attempts, backport.backoff) == (2, 0)
+    assert (backport.queue_name, backport.priority) == ("emails", 5)
+
+
+@needs_backport
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_a_task_declared_with_the_backport_runs_beside_the_frameworks_own(runjobs):
+    mixed = tasks.backport_flaky.enqueue("mixed")
+    own = tasks.record.enqueue("beside it")  # the framework's decorator, the same backend
+
+    # A retry due "now" may miss a burst run by a millisecond on SQLite: run until done.
+    deadline = time.monotonic() + 120  # a safety net only
+    while Job.objects.live().exists():
+        assert time.monotonic() < deadline, "jobs stayed live"
+        done = runjobs.run("--burst")
+        assert done.returncode == 0, done.stdout
+
+    result = tasks.backport_flaky.get_result(mixed.id)
+    assert result.status == tasksapi.TaskResultStatus.SUCCESSFUL
+    assert result.return_value == "mixed"
+    assert [e.exception_class for e in result.errors] == [ValueError]  # max_attempts=2 held
+    assert result.attempts == 2
+    assert tasks.record.get_result(own.id).return_value == "beside it"
+    first = Job.objects.filter(result_id=mixed.id).earliest("attempt")
+    assert (first.queue_name, first.priority, first.max_attempts) == ("emails", 5, 2)
+
+
+@pytest.mark.django_db
+def test_every_present_frameworks_signals_are_sent():
+    sent: list[tuple[str, str, str]] = []
+    connected = []
+    for module_name in SIGNAL_MODULES:
+        module = importlib.import_module(module_name)  # imported: now "in use"
+        for name in ("task_enqueued", "task_started", "task_finished"):
+
+            def receiver(sender, task_result, _where=(module_name, name), **kwargs):
+                sent.append((*_where, task_result.id))
+
+            getattr(module, name).connect(receiver, weak=False)
+            connected.append((getattr(module, name), receiver))
+    try:
+        result = tasks.record.enqueue("signalled")
+        Worker(burst=True).run()
+    finally:
+        for signal, receiver in connected:
+            signal.disconnect(receiver)
+
+    assert sorted(sent) == sorted(
+        (module_name, name, result.id)
+        for module_name in SIGNAL_MODULES
+        for name in ("task_enqueued", "task_started", "task_finished")
+    )
+
+
+# What differs under the backport (README, Requirements)
+
+
+@pytest.mark.django_db
+def test_the_frameworks_log_lines_and_exception_names(caplog):
+    backport = tasksapi.FRAMEWORK == "django_tasks"
+    caplog.set_level(logging.DEBUG, logger=tasksapi.FRAMEWORK)
+
+    result = tasks.record.enqueue("logged")
+
+    logged = [r.getMessage() for r in caplog.records if r.name == tasksapi.FRAMEWORK]
+    assert any(result.id in line and "enqueued" in line for line in logged)
+    name = "InvalidTaskError" if backport else "InvalidTask"
+    assert f"{tasksapi.InvalidTask.__module__}.{tasksapi.InvalidTask.__name__}" == (
+        f"{tasksapi.FRAMEWORK}.exceptions.{name}"
+    )
+
+
+@pytest.mark.skipif(django.VERSION[:2] != (6, 0), reason="Django 6.0's own @task")
+def test_on_django_6_0_its_own_decorator_builds_our_task_but_refuses_options():
+    from django.tasks import task
+
+    assert isinstance(task(tasks.record.func), JobStateTask)
+    with pytest.raises(TypeError, match="max_attempts"):
+        task(max_attempts=3)(tasks.record.func)
