@@ -55,9 +55,6 @@ class Flusher:
         # worker's next write reports the error), nor in a transaction (add()).
         self._thread_may_write = True
 
-    def __len__(self) -> int:
-        return len(self._outcomes)
-
     def waited(self) -> float:
         """How long the oldest outcome held has waited (0 if none)."""
         outcomes = self._outcomes
@@ -69,12 +66,13 @@ class Flusher:
         Not the thread while the worker's connection is in a transaction (a worker run
         inside a test's): another connection would not see its rows.
         """
-        alone = connections[self._db].in_atomic_block
         with self._changed:
-            if not self._outcomes:
-                self._thread_may_write = not alone
-                self._changed.notify()  # the thread sets its timer from the first
             self._outcomes.append(outcome)
+            if len(self._outcomes) > 1:
+                return  # the thread's timer runs from the first
+            alone = connections[self._db].in_atomic_block
+            self._thread_may_write = not alone
+            self._changed.notify()
         if self._thread is None and not alone:
             self._thread = threading.Thread(target=self._run, name="jobstate-flusher", daemon=True)
             self._thread.start()
@@ -96,6 +94,7 @@ class Flusher:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
+        self._closed = False  # a worker may run again: the next add() starts a thread
 
     def _run(self) -> None:
         try:

@@ -329,10 +329,8 @@ class Worker(AttemptRunner, OutcomeWriter):
     def _may_keep_waiting(self, job: Job) -> bool:
         """Whether the successes held would wait past FLUSH_AFTER if `job` took as long
         as its task's attempts did (a task not seen yet may take long)."""
-        if not len(self.flusher):
-            return False
-        expected = self._durations.get(job.task_path, FLUSH_AFTER)
-        return self.flusher.waited() + expected > FLUSH_AFTER
+        waited = self.flusher.waited()
+        return waited > 0 and waited + self._durations.get(job.task_path, FLUSH_AFTER) > FLUSH_AFTER
 
     def _still_mine(self, jobs: list[Job]) -> set[int]:
         mine = Job.objects.running().filter(worker_id=self.worker_id, pk__in=[j.pk for j in jobs])

@@ -10,11 +10,10 @@ from django.db import transaction
 
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import FailureReason, State
+from django_jobstate.worker import Worker
 from tests import tasks
 from tests.models import Execution
 from tests.test_recovery import wait_for
-
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 QUICK = 8
 
@@ -29,6 +28,8 @@ MODES = [
 
 
 @pytest.mark.parametrize(("options", "quick", "slow"), MODES)
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
 def test_quick_successes_are_written_while_a_slow_attempt_runs_and_never_run_twice(
     runjobs, tmp_path, options, quick, slow
 ):
@@ -62,3 +63,17 @@ def test_quick_successes_are_written_while_a_slow_attempt_runs_and_never_run_twi
     assert quick_rows.count() == QUICK, "a quick job ran again"
     assert set(quick_rows.values_list("attempt", flat=True)) == {1}
     assert set(quick_rows.values_list("state", flat=True)) == {State.SUCCEEDED}
+
+
+@pytest.mark.django_db
+def test_a_worker_run_inside_a_transaction_writes_what_it_holds_itself(settings):
+    """In a test's transaction, another connection would not see the jobs: the flusher's
+    thread leaves them to the worker, which writes them once the slow attempt returns."""
+    # Nor would it see the worker's heartbeat row: no beat from the watchdog's thread.
+    settings.JOBSTATE_HEARTBEAT_INTERVAL = 3600
+    settings.JOBSTATE_LOST_AFTER = 7200
+    quick = [tasks.sleep_then_record.enqueue(f"q{i}", 0) for i in range(QUICK)]
+    slow = tasks.sleep_then_record.enqueue("slow", 0.3)  # well past FLUSH_AFTER
+    Worker(burst=True).run()
+    for result in [*quick, slow]:
+        assert Job.objects.get(result_id=result.id).state == State.SUCCEEDED
