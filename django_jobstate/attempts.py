@@ -65,6 +65,7 @@ class AttemptRunner:
     tracing: Any
     _tasks: dict[str, Task]
     _average_duration: float | None
+    _durations: dict[str, float]  # {task path: its average duration}
     retrying: Callable[[Callable[[], Any]], Any]  # OutcomeWriter's
 
     def _execute(self, job: Job, index: int) -> Outcome | None:
@@ -137,13 +138,12 @@ class AttemptRunner:
         return outcome
 
     def learn(self, outcome: Outcome) -> None:
-        """Keep the average duration that sizes the next claim."""
+        """Keep the average duration that sizes the next claim, and the task's own, which
+        tells the worker whether to write what it holds before the task's next attempt."""
         duration = outcome.finished - outcome.started
-        self._average_duration = (
-            duration
-            if self._average_duration is None
-            else 0.8 * self._average_duration + 0.2 * duration
-        )
+        self._average_duration = _average(self._average_duration, duration)
+        path = outcome.job.task_path
+        self._durations[path] = _average(self._durations.get(path), duration)
 
     def _prepare(self, job: Job) -> tuple[Task, TaskResult]:
         task = self.task_of(job.task_path)  # a path that is not a Task fails: nothing runs
@@ -190,3 +190,7 @@ class AttemptRunner:
         if job.attempt == 1:
             return []
         return list(Job.objects.attempts_of(job.result_id).filter(attempt__lt=job.attempt))
+
+
+def _average(average: float | None, duration: float) -> float:
+    return duration if average is None else 0.8 * average + 0.2 * duration

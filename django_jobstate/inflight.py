@@ -183,7 +183,12 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
     try:
         while True:
             claiming = not (worker.stopping or worker.reached_max_jobs or worker.orphaned())
-            wanted = min(pool.free, worker.claim_limit(in_flight=len(pool.running)))
+            # Outcomes not yet written keep their places in the ledger, which holds a batch
+            # of them beside the attempts in flight: claim no more than fit beside those.
+            # (A run of claimed jobs not to be run, whose outcomes are known at once, would
+            # fill it otherwise: they take no place in the pool.)
+            room = worker.max_batch - len(places)
+            wanted = min(pool.free, room, worker.claim_limit(in_flight=len(pool.running)))
             if claiming and look and wanted > 0:
                 jobs = worker.claim(wanted)
                 last_look = time.monotonic()

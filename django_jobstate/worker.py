@@ -30,9 +30,10 @@ from django.db import (
 )
 
 from . import metrics
-from .attempts import AttemptRunner, Outcome
+from .attempts import AttemptRunner
 from .burst import BurstEnd
 from .conf import get_settings
+from .flushing import Flusher
 from .ledger import Ledger, ledger_size
 from .logs import job_fields
 from .managers import ClaimKey, claim_key
@@ -53,9 +54,9 @@ def default_worker_id() -> str:
 
 # Batches: a worker claims as many jobs as it expects to run in BATCH_WINDOW seconds (one
 # at a time until it has seen how long jobs take), and writes successes together at most
-# FLUSH_AFTER seconds after the first of them finished. Both bound what a crash costs:
-# claimed jobs not yet run are handed back (fail as lost if the whole host died), and
-# finished jobs not yet written fail as lost.
+# FLUSH_AFTER seconds after the first of them finished, whatever the batch holds
+# (flushing.py). Both bound what a crash costs: claimed jobs not yet run are handed back
+# (fail as lost if the whole host died), and finished jobs not yet written fail as lost.
 BATCH_WINDOW = 0.05
 FLUSH_AFTER = 0.05
 MAX_BATCH = 100
@@ -109,6 +110,10 @@ class Worker(AttemptRunner, OutcomeWriter):
         self._stopping = threading.Event()
         self._tasks: dict[str, Task] = {}
         self._average_duration: float | None = None
+        self._durations: dict[str, float] = {}
+        # The successes of the batch in hand not yet written (one at a time; inflight.py
+        # keeps its own).
+        self.flusher = Flusher(self.record, self.db, FLUSH_AFTER)
         self._from_key: ClaimKey | None = None
         self._rescan_at = 0.0
         self.tracing: Any = None  # tracing.py, with JOBSTATE_TRACING
@@ -162,6 +167,7 @@ class Worker(AttemptRunner, OutcomeWriter):
                 else:
                     waiter.wait(self.poll_interval)
         finally:
+            self.flusher.close()
             waiter.close()
             if watchdog:
                 watchdog.finish()
@@ -272,7 +278,6 @@ class Worker(AttemptRunner, OutcomeWriter):
 
     def _run_batch(self, jobs: list[Job]) -> None:
         """Run every claimed job (they are in hand: a stop request waits for them)."""
-        done: list[Outcome] = []
         # An attempt past its timeout ends the process, and the attempts held behind it
         # are handed back: run the attempts with a timeout last, to hand back fewer.
         jobs = sorted(jobs, key=lambda job: job.timeout is not None)
@@ -290,9 +295,11 @@ class Worker(AttemptRunner, OutcomeWriter):
                     "taken for lost while this worker was not heard from)",
                 )
                 continue
-            if job.timeout is not None:
-                self.record(done)  # a timeout ends the process: write what we know first
-                done = []
+            if job.timeout is not None or self._may_keep_waiting(job):
+                # A timeout ends the process; a long attempt would keep the successes held
+                # unwritten (the flusher's thread would write them meanwhile: this way
+                # the worker does, without a second connection). Write them first.
+                self.flusher.write()
             if (outcome := self._execute(job, index)) is None:
                 logger.info(
                     "Worker %s handed job %s back unstarted",
@@ -301,12 +308,18 @@ class Worker(AttemptRunner, OutcomeWriter):
                     extra=job_fields(job, "job.handed_back"),
                 )
                 continue
-            done.append(outcome)
             self.jobs_done += 1
-            if time.monotonic() - done[0].finished > FLUSH_AFTER or done[-1].error:
-                self.record(done)
-                done = []
-        self.record(done)
+            if outcome.error is None:
+                self.flusher.add(outcome)
+            else:
+                self.flusher.write(outcome)  # a failure is written at once, with the rest
+        self.flusher.write()
+
+    def _may_keep_waiting(self, job: Job) -> bool:
+        """Whether the successes held would wait past FLUSH_AFTER if `job` took as long
+        as its task's attempts did (a task not seen yet may take long)."""
+        waited = self.flusher.waited()
+        return waited > 0 and waited + self._durations.get(job.task_path, FLUSH_AFTER) > FLUSH_AFTER
 
     def _still_mine(self, jobs: list[Job]) -> set[int]:
         mine = Job.objects.running().filter(worker_id=self.worker_id, pk__in=[j.pk for j in jobs])

@@ -532,3 +532,42 @@ if backport_task is not None:
         if Execution.objects.filter(label=label).count() < 2:
             raise ValueError(f"{label}: first attempt")
         return label
+
+
+# Quick attempts in one batch with a slow one (test_flushing.py): each run appends its
+# label to a file (no database write, so that a batch holds many); with `until`, the
+# attempt records its start and runs until that file exists (a slow attempt of a task
+# whose attempts were quick).
+
+
+def _mark(path: str, label: str) -> None:
+    with open(path, "a") as marks:
+        marks.write(f"{label}\n")
+
+
+@task(max_attempts=3, backoff=0)
+def marks_a_file(path: str, label: str, until: str = "") -> str:
+    _mark(path, label)
+    if until:
+        Execution.objects.create(label=f"{label}:start")
+        while not os.path.exists(until):
+            time.sleep(0.05)
+    return label
+
+
+@task(max_attempts=3, backoff=0)
+async def async_marks_a_file(path: str, label: str, until: str = "") -> str:
+    _mark(path, label)
+    if until:
+        await Execution.objects.acreate(label=f"{label}:start")
+        while not os.path.exists(until):
+            await asyncio.sleep(0.05)
+    return label
+
+
+@task
+def runs_until_a_file_exists(path: str, label: str) -> None:
+    """Another task than the quick ones: one the worker has not seen yet."""
+    Execution.objects.create(label=f"{label}:start")
+    while not os.path.exists(path):
+        time.sleep(0.05)

@@ -5,16 +5,19 @@ stop finishes what is in flight."""
 import os
 import signal
 import subprocess
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
 from django.tasks import TaskResultStatus
+from django.utils import timezone
 
 from django_jobstate.exceptions import JobCancelled, JobTimeout
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
 from django_jobstate.worker import Worker
 from tests import tasks
+from tests.factories import JobFactory
 from tests.models import Execution
 from tests.test_cancel import GRACE, backend, settings_env, stop_running
 from tests.test_runjobs import wait_for
@@ -178,3 +181,48 @@ def test_async_and_sync_attempts_reconnect_after_a_postgresql_restart(runjobs):
     out = runjobs.stop(worker)
     for result in after:
         assert backend().get_result(result.id).status == TaskResultStatus.SUCCESSFUL, out
+
+
+def test_hundreds_of_claimed_jobs_not_to_be_run_leave_the_worker_and_its_neighbours_up(runjobs):
+    """Jobs whose outcome is known at the claim (a task this release does not have, a row
+    whose arguments cannot be passed) take no place among the attempts in flight, and are
+    claimed one batch after another; each waits in the ledger until it is written, and
+    the ledger must never overflow, which would end the process and its healthy attempts."""
+    start = timezone.now() - timedelta(seconds=60)
+    order = iter(range(1000))
+
+    def row(**fields):  # claimed in the order they are made
+        return JobFactory(run_after=start + timedelta(milliseconds=next(order)), **fields)
+
+    def healthy(i):
+        path = "tests.tasks.sync_waits" if i % 2 else "tests.tasks.async_waits"
+        return row(task_path=path, args=[f"h{i}", 1.0], max_attempts=3)
+
+    def not_to_be_run(i):
+        if i % 2:
+            return row(task_path="tests.tasks.added_in_a_newer_release", args=[])
+        return row(task_path="tests.tasks.record", args={"label": "not a list"})
+
+    good = [healthy(0), healthy(1)]
+    bad = [not_to_be_run(i) for i in range(150)]
+    good.append(healthy(2))
+    bad += [not_to_be_run(i) for i in range(150, 300)]
+    good += [healthy(i) for i in range(3, 6)]
+
+    done = runjobs.run("--in-flight", "4", "--burst", timeout=120)
+    assert done.returncode == 0, done.stdout
+    assert "do not fit" not in done.stdout
+    assert "killed by" not in done.stdout
+    assert "exited" not in done.stdout
+    rows = Job.objects.filter(pk__in=[job.pk for job in good])
+    assert set(rows.values_list("state", "attempt")) == {(State.SUCCEEDED, 1)}, done.stdout
+    assert Job.objects.count() == 306, "an attempt failed and was retried"
+    assert Job.objects.values("worker_id").distinct().count() == 1, "the process was replaced"
+    labels = sorted(Execution.objects.values_list("label", flat=True))
+    assert labels == sorted(f"h{i}:{edge}" for i in range(6) for edge in ("start", "end"))
+    failed = Job.objects.filter(pk__in=[job.pk for job in bad])
+    assert set(failed.values_list("state", "failure_reason")) == {
+        (State.FAILED, FailureReason.ERROR)
+    }
+    assert failed.filter(error_message__contains="has no 'added_in_a_newer_release'").count() == 150
+    assert failed.filter(error_message__contains="must be a JSON array").count() == 150
