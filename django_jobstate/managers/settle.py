@@ -142,7 +142,10 @@ class Settle(Outcomes):
             except DatabaseError as exc:
                 if connection_lost(exc):
                     raise  # the caller writes again once the database is back
-                failed += self.fail_refused(job, exc, f"its failure as {reason}")
+                if self.fail_refused(job, exc, f"its failure as {reason}"):
+                    failed += 1
+                    if metrics.recorder is not None:
+                        metrics.recorder.finished(job)
                 continue
             logger.warning(
                 "Job %s attempt %d failed as %s: %s",
@@ -189,9 +192,7 @@ class Settle(Outcomes):
                 extra=job_fields(job, "job.write_refused"),
             )
             return False
-        if metrics.recorder is not None:
-            metrics.recorder.finished(job)
-        return True
+        return True  # counted by the caller, which counts its other outcomes too
 
     def _lock_or_skip(self, job: Job) -> bool:
         """Lock `job`'s row unless another transaction holds it (SQLite: no row locks, and
