@@ -97,11 +97,13 @@ class InFlight:
         """On the event loop, every SLICE: cancel the async tasks past their deadline (once
         each). Here, not in the worker's loop, which may be waiting on the database."""
         assert self._loop is not None
-        for index in self.worker.ledger.due(time.monotonic()):
-            if index in self._tasks and index not in self._stopped:
-                self._stopped.add(index)
-                self._tasks[index].cancel()
-        self._loop.call_later(SLICE, self._stop_due)
+        try:
+            for index in self.worker.ledger.due(time.monotonic()):
+                if index in self._tasks and index not in self._stopped:
+                    self._stopped.add(index)
+                    self._tasks[index].cancel()
+        finally:  # whatever happened, the deadlines are kept from the next slice on
+            self._loop.call_later(SLICE, self._stop_due)
 
     def close(self) -> None:
         self._threads.shutdown(wait=False, cancel_futures=True)
