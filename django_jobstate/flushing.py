@@ -73,7 +73,8 @@ class Flusher:
             alone = connections[self._db].in_atomic_block
             self._thread_may_write = not alone
             self._changed.notify()
-        if self._thread is None and not alone:
+        # A thread that died of an unforeseen error is replaced: the bound holds again.
+        if (self._thread is None or not self._thread.is_alive()) and not alone:
             self._thread = threading.Thread(target=self._run, name="jobstate-flusher", daemon=True)
             self._thread.start()
 
@@ -105,17 +106,20 @@ class Flusher:
 
     def _wait_until_due(self) -> bool:
         """Wait until the oldest outcome held is due; False once closed."""
-        with self._changed:
-            while not self._closed:
-                if not self._outcomes or not self._thread_may_write:
-                    if not self._changed.wait(IDLE):
-                        connections[self._db].close()  # idle: give the connection back
+        while True:
+            with self._changed:
+                if self._closed:
+                    return False
+                if self._outcomes and self._thread_may_write:
+                    wait = self._outcomes[0].finished + self.after - time.monotonic()
+                    if wait <= 0:
+                        return True
+                    self._changed.wait(wait)
                     continue
-                wait = self._outcomes[0].finished + self.after - time.monotonic()
-                if wait <= 0:
-                    return True
-                self._changed.wait(wait)
-            return False
+                if self._changed.wait(IDLE):
+                    continue
+            # Idle: give the connection back, outside the lock (add() must not wait on it).
+            connections[self._db].close()
 
     def _write_from_thread(self) -> None:
         with self._writing:
@@ -127,7 +131,7 @@ class Flusher:
                 self._record(outcomes)
             except Exception:
                 # Not a lost connection (record() waits those out): leave them to the
-                # worker, whose own write after this attempt raises what it is.
+                # worker, which writes them itself after this attempt.
                 logger.warning(
                     "Could not write %d finished attempt(s) while the next one runs; the "
                     "worker writes them once it returns",
