@@ -34,7 +34,21 @@ def enforce(
     return task
 
 
-class ImmediateBackend(DjangoImmediateBackend):
+class JobStateRules(BaseTaskBackend):
+    """What a test backend takes from JobStateBackend: its task class, and its checks."""
+
+    task_class = JobStateTask
+
+    def validate_task(self, task: Task) -> None:
+        validate_queue(self, task)
+        super().validate_task(task)
+        validate_options(task)
+
+    def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
+        return super().enqueue(enforce(self, task, args, kwargs), list(args), kwargs)
+
+
+class ImmediateBackend(JobStateRules, DjangoImmediateBackend):
     """Runs each task at enqueue(), in the caller's process, as Django's ImmediateBackend
     does, and accepts every task option of JobStateBackend.
 
@@ -42,28 +56,8 @@ class ImmediateBackend(DjangoImmediateBackend):
     timeout, no transaction of its own (atomic), as in a test that calls the task directly.
     """
 
-    task_class = JobStateTask
 
-    def validate_task(self, task: Task) -> None:
-        validate_queue(self, task)
-        super().validate_task(task)
-        validate_options(task)
-
-    def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
-        return super().enqueue(enforce(self, task, args, kwargs), list(args), kwargs)
-
-
-class DummyBackend(DjangoDummyBackend):
+class DummyBackend(JobStateRules, DjangoDummyBackend):
     """Runs nothing and keeps each enqueued task's result in `results`, as Django's
     DummyBackend does, and accepts every task option of JobStateBackend (checked as it
     checks them)."""
-
-    task_class = JobStateTask
-
-    def validate_task(self, task: Task) -> None:
-        validate_queue(self, task)
-        super().validate_task(task)
-        validate_options(task)
-
-    def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
-        return super().enqueue(enforce(self, task, args, kwargs), list(args), kwargs)
