@@ -244,8 +244,9 @@ class JobStateRows(Rows):
 
 class TasksDBRows(Rows):
     def __init__(self) -> None:
-        from django.tasks import TaskResultStatus
         from django_tasks_db.models import DBTaskResult
+
+        from django_jobstate.tasksapi import TaskResultStatus
 
         self.model = DBTaskResult
         self.Status = TaskResultStatus

@@ -3,7 +3,7 @@
 import asyncio
 import time
 
-from django.tasks import task
+from django_jobstate.tasksapi import task
 
 
 @task

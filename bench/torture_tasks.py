@@ -16,10 +16,10 @@ import uuid
 from asgiref.sync import sync_to_async
 from django.db import connection
 from django.db.models.functions import Now
-from django.tasks import TaskContext, task
 
 from bench.models import Execution
 from django_jobstate.models import Job
+from django_jobstate.tasksapi import TaskContext, task
 
 # Kinds of job (an argument). PLAIN returns at once, SLEEP sleeps; OVERRUN sleeps past its
 # timeout on its first attempt; GIL_OVERRUN holds the interpreter past it; GIL_HOLD holds

@@ -161,10 +161,10 @@ class Workloads:
 
     def cancel(self) -> bool:
         from django.db import DatabaseError, connection
-        from django.tasks import task_backends
 
         from bench.torture_tasks import ORDINARY
         from django_jobstate.models import Job
+        from django_jobstate.tasksapi import task_backends
 
         picked = self.rng.choice(["due", "later", "running"])
         how = self.rng.choice(["backend", "task", "job"])

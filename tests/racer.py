@@ -47,8 +47,7 @@ def main() -> None:
 def enqueue_unique(name: str, n: int, keys: int) -> dict[str, object]:
     """Enqueue `name`("key-<i % keys>") n times; say which result id each call got, and
     which of those calls wrote a row (task_enqueued is sent for those only)."""
-    from django.tasks.signals import task_enqueued
-
+    from django_jobstate.tasksapi import task_enqueued
     from tests import tasks
 
     task = getattr(tasks, name)

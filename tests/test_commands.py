@@ -10,7 +10,6 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
-from django.tasks import TaskResultStatus, default_task_backend
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -18,6 +17,7 @@ from django_jobstate.management.commands.prunejobs import age
 from django_jobstate.models import Job, JobQueue, WorkerHeartbeat
 from django_jobstate.querysets import JobQuerySet
 from django_jobstate.states import LIVE_STATES, TERMINAL_STATES, State
+from django_jobstate.tasksapi import TaskResultStatus, default_task_backend
 from tests.conftest import ROOT, subprocess_env
 from tests.factories import JobFactory
 

@@ -68,28 +68,28 @@ from asgiref.sync import async_to_sync
 from django.conf import settings as django_settings
 from django.core.management import call_command
 from django.db import IntegrityError, transaction
-from django.tasks import (
-    TaskResult,
-    TaskResultStatus,
-    default_task_backend,
-    task,
-    task_backends,
-)
-from django.tasks.exceptions import (
-    InvalidTask,
-    InvalidTaskBackend,
-    TaskResultDoesNotExist,
-    TaskResultMismatch,
-)
-from django.tasks.signals import task_enqueued, task_finished, task_started
 from django.test import modify_settings
 from django.utils import timezone
-from django.utils.json import normalize_json
 
 from django_jobstate.backend import JobStateBackend, JobStateTask
 from django_jobstate.exceptions import InvalidPayload, WorkerInterrupted
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
+from django_jobstate.tasksapi import (
+    InvalidTask,
+    InvalidTaskBackend,
+    TaskResult,
+    TaskResultDoesNotExist,
+    TaskResultMismatch,
+    TaskResultStatus,
+    default_task_backend,
+    normalize_json,
+    task,
+    task_backends,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
 from django_jobstate.worker import Worker
 from tests import tasks
 from tests.factories import JobFactory

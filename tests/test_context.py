@@ -4,7 +4,6 @@ read back through get_result() and the admin."""
 import pytest
 from django.contrib.auth.models import User
 from django.db import connection
-from django.tasks.exceptions import InvalidTask
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
@@ -12,6 +11,7 @@ from django_jobstate.backend import JobStateBackend, JobStateTaskResult
 from django_jobstate.exceptions import InvalidPayload, LostRace, WorkerLost
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
+from django_jobstate.tasksapi import InvalidTask
 from django_jobstate.worker import Worker
 from tests import tasks
 from tests.factories import JobFactory

@@ -15,13 +15,12 @@ from decimal import Decimal
 import pytest
 from django.conf import settings
 from django.db import IntegrityError, connection, transaction
-from django.tasks import default_task_backend
-from django.tasks.exceptions import InvalidTask
 from django.utils import timezone
 
 from django_jobstate.exceptions import InvalidPayload
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import FailureReason, State
+from django_jobstate.tasksapi import InvalidTask, default_task_backend
 from django_jobstate.worker import Worker
 from tests import tasks
 from tests.factories import JobFactory

@@ -9,12 +9,12 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
-from django.tasks import TaskResultStatus
 from django.utils import timezone
 
 from django_jobstate.exceptions import JobCancelled, JobTimeout
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
+from django_jobstate.tasksapi import TaskResultStatus
 from django_jobstate.worker import Worker
 from tests import tasks
 from tests.factories import JobFactory

@@ -4,12 +4,12 @@ import sys
 import types
 
 import pytest
-from django.tasks.exceptions import InvalidTask
 from django.test import override_settings
 
 from django_jobstate.loading import is_task_module, load_task, task_modules
 from django_jobstate.models import Job
 from django_jobstate.states import State
+from django_jobstate.tasksapi import InvalidTask
 from django_jobstate.worker import Worker
 from tests import tasks
 

@@ -487,7 +487,7 @@ SKEWS = [0] + ([-3600, 3600] if connection.vendor == "postgresql" else [])
 
 ENQUEUE = """
 import json
-from django.tasks import task_backends
+from django_jobstate.tasksapi import task_backends
 from tests import tasks
 one = tasks.record.enqueue("one")
 many = task_backends["default"].bulk_enqueue(tasks.record, [(["two"], {}), (["three"], {})])

@@ -10,13 +10,13 @@ from datetime import timedelta
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
-from django.tasks import task_backends
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobstate.models import Job, JobQueue
 from django_jobstate.states import State
+from django_jobstate.tasksapi import task_backends
 from django_jobstate.wakeup import CHANNEL, Waiter, parse_payload, queue_payload
 from tests import tasks
 from tests.factories import JobFactory

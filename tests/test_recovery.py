@@ -10,11 +10,11 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
-from django.tasks import TaskResultStatus
 from django.utils import timezone
 
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import FailureReason, State
+from django_jobstate.tasksapi import TaskResultStatus
 from tests import tasks
 from tests.conftest import run_racers
 from tests.factories import JobFactory

@@ -3,10 +3,10 @@ project's test suite fails where production would; DummyBackend keeps, Immediate
 
 import pytest
 from django.core.checks import run_checks
-from django.tasks import TaskResultStatus, task_backends
 from django.test import override_settings
 
 from django_jobstate.models import Job
+from django_jobstate.tasksapi import TaskResultStatus, task_backends
 from tests import tasks
 from tests.models import Execution
 from tests.searchapp import tasks as searchapp_tasks

@@ -9,12 +9,11 @@ import sys
 
 import pytest
 from django.core import checks
-from django.tasks import TaskResultStatus
-from django.tasks.exceptions import InvalidTask
 
 from django_jobstate.loading import is_task_module, load_task
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
+from django_jobstate.tasksapi import InvalidTask, TaskResultStatus
 from tests.models import Execution
 from tests.searchapp import tasks as searchapp_tasks
 

@@ -7,15 +7,13 @@ import time
 import pytest
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Count, F
-from django.tasks import TaskResultStatus, task
-from django.tasks.exceptions import InvalidTask
-from django.tasks.signals import task_enqueued
 
 import tests.tasks
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import InvalidPayload, JobAlreadyEnqueued, LostRace
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
+from django_jobstate.tasksapi import InvalidTask, TaskResultStatus, task, task_enqueued
 from django_jobstate.uniqueness import unique_key
 from django_jobstate.worker import Worker
 from tests.conftest import run_racers

@@ -7,14 +7,13 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection
-from django.tasks import TaskResultStatus
-from django.tasks.signals import task_finished, task_started
 from django.utils import timezone
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import WorkerLost
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
+from django_jobstate.tasksapi import TaskResultStatus, task_finished, task_started
 from django_jobstate.wakeup import Waiter
 from django_jobstate.worker import Worker
 from tests import tasks

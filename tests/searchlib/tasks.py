@@ -3,7 +3,7 @@ re-export (as Wagtail's search task lives in `modelsearch.tasks`)."""
 
 import time
 
-from django.tasks import task
+from django_jobstate.tasksapi import task
 
 
 @task

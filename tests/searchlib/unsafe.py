@@ -3,7 +3,7 @@
 import os
 import pathlib
 
-from django.tasks import task
+from django_jobstate.tasksapi import task
 
 if marker := os.environ.get("JOBSTATE_TEST_IMPORT_MARKER"):
     pathlib.Path(marker).touch()
