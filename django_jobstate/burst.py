@@ -46,9 +46,9 @@ class BurstEnd:
     def reached(self) -> bool:
         """Whether nothing is left to claim now or within BURST_HORIZON (call it after a
         claim that found nothing: the runnable jobs it sees were passed over)."""
-        paused = JobQueue.objects.filter(paused_at__isnull=False).values("name")
+        paused = JobQueue.objects.paused().values("name")
         jobs = Job.objects.queued().for_queues(self.queues).exclude(queue_name__in=paused)
-        runnable = jobs.filter(run_after__lte=Now()).order_by("-priority", "run_after", "pk")
+        runnable = Job.objects.runnable(self.queues).order_by("-priority", "run_after", "pk")
         later = jobs.filter(
             run_after__gt=Now(), run_after__lte=Now() + timedelta(seconds=BURST_HORIZON)
         )

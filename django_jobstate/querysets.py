@@ -38,7 +38,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         """Due jobs that a worker may claim: not those of a paused queue."""
         from .models import JobQueue
 
-        paused = JobQueue.objects.filter(paused_at__isnull=False).values("name")
+        paused = JobQueue.objects.paused().values("name")
         return self.due(queues).exclude(queue_name__in=paused)
 
     def for_queues(self, queues: Iterable[str] | None) -> JobQuerySet:
@@ -87,7 +87,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         if none): waiting by an operator's choice, not runnable."""
         from .models import JobQueue
 
-        paused = JobQueue.objects.filter(paused_at__isnull=False).values("name")
+        paused = JobQueue.objects.paused().values("name")
         jobs = self.due().filter(queue_name__in=paused)
         return jobs.count(), _oldest_age(jobs)
 

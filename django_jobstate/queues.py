@@ -103,5 +103,8 @@ class JobQueueManager(models.Manager["JobQueue"]):
         )
         return queue
 
+    def paused(self) -> models.QuerySet[JobQueue]:
+        return self.filter(paused_at__isnull=False)
+
     def paused_names(self) -> set[str]:
-        return set(self.filter(paused_at__isnull=False).values_list("name", flat=True))
+        return set(self.paused().values_list("name", flat=True))
