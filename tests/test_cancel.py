@@ -142,10 +142,13 @@ def test_cancel_racing_the_claim_each_job_ran_or_was_cancelled(runjobs):
     wait_for(Execution.objects.exists)
     # In claim order, so that the cancels meet the claims at their frontier.
     rng = random.Random(os.getpid())
+    never_cancelled = set()
     for result in results:
         if rng.random() < 0.5:
             backend().cancel(result.id)
             time.sleep(rng.uniform(0, 0.004))
+        else:
+            never_cancelled.add(result.id)
     wait_for(lambda: not Job.objects.live().exists(), timeout=120)
 
     ran = set(Execution.objects.values_list("label", flat=True))
@@ -158,6 +161,7 @@ def test_cancel_racing_the_claim_each_job_ran_or_was_cancelled(runjobs):
         label = attempt.args[0]
         if attempt.state == State.SUCCEEDED:
             assert label in ran
+            never_cancelled.discard(result.id)
             outcomes["ran"] += 1
             continue
         assert attempt.failure_reason == FailureReason.CANCELLED, attempt.error_message
@@ -169,7 +173,7 @@ def test_cancel_racing_the_claim_each_job_ran_or_was_cancelled(runjobs):
     assert len(ran) == Execution.objects.count()  # no body ran twice
     print(f"\n{connection.vendor}: {outcomes}")
     assert outcomes["cancelled before it started"] > 0, outcomes
-    assert outcomes["ran"] > jobs / 2, outcomes  # the half never cancelled, and those too late
+    assert not never_cancelled, outcomes  # every job never cancelled ran
 
 
 def test_a_burst_run_exits_though_a_paused_queue_has_jobs(runjobs):
