@@ -38,6 +38,7 @@ from typing import Any
 
 from bench.torture_check import (
     CLOCK_SLACK,
+    STOPPED_AT,
     Faults,
     Figure,
     _overlaps,
@@ -282,6 +283,10 @@ def _batches(
                         examples["batch_late"].append(f"{describe(a)}; returned {returned}")
                     continue
                 at = [t for target in (wid, f"{wid.rsplit('/', 1)[0]}/") for t in kills[target]]
+                if STOPPED_AT.search(a["error_message"] or ""):
+                    # Its process was stopped at an overrun's deadline beside it (an
+                    # attempt that could not be cancelled): a kill too, when it was failed.
+                    at.append(a["finished_at"])
                 killed = min((t for t in at if t >= returned - CLOCK_SLACK), default=None)
                 if killed is not None and (
                     (killed - returned).total_seconds() <= FLUSH_BOUND
