@@ -115,6 +115,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -787,17 +788,29 @@ class Torture(workloads.Workloads):
         pause.victims = self.victims(at, worker_id=worker_id)
         self.faults.pauses.append(pause)
         self.paused[pid] = (time.monotonic() + seconds, pause)
+        # SIGCONT on time from a timer thread, not from this loop: an action of the loop
+        # may wait on a lock the stopped process holds (SQLite's write lock), and would
+        # wait until its busy timeout if the SIGCONT waited for the loop.
+        timer = threading.Timer(seconds, self._continue, (pid, pause))
+        timer.daemon = True
+        timer.start()
         print(
             f"  {self.clock()} SIGSTOP worker {worker_id} for {seconds:g} s "
             f"({len(pause.victims)} running)"
         )
         return True
 
+    def _continue(self, pid: int, pause: Any) -> None:
+        if pause.continued is None:
+            pause.continued = time.monotonic()
+            with contextlib.suppress(ProcessLookupError):  # killed meanwhile
+                os.kill(pid, signal.SIGCONT)
+
     def resume(self, pid: int) -> None:
         _, pause = self.paused.pop(pid)
-        pause.resumed = self.db_now()
-        with contextlib.suppress(ProcessLookupError):  # killed meanwhile
-            os.kill(pid, signal.SIGCONT)
+        self._continue(pid, pause)
+        # When the SIGCONT was sent, on the database clock (this loop may come late).
+        pause.resumed = self.db_now() - timedelta(seconds=time.monotonic() - pause.continued)
 
     def restart(self) -> None:
         from django.db import connection
@@ -884,7 +897,9 @@ class Torture(workloads.Workloads):
 
     def drain(self) -> tuple[float, float]:
         """Wait, with no fault left, until every logical task is terminal; return (took, bound)."""
+        from bench.torture_workloads import TICK_SCHEDULE
         from django_jobstate.models import Job
+        from django_jobstate.schedule_model import Schedule
 
         for pid in list(self.paused):
             self.resume(pid)
@@ -896,9 +911,12 @@ class Torture(workloads.Workloads):
         # The schedule goes on ticking: its ticks from now on are past the run.
         until = self.faults.workload.ticks_until = self.db_now()
         live = Job.objects.live().exclude(scheduled_for__gte=until)
+        # Ticks missed during the last outage are enqueued once a scheduler catches up
+        # (catch_up "all"): the drain waits for that too, or they would be left queued.
+        behind = Schedule.objects.filter(name=TICK_SCHEDULE, next_tick_at__lt=until)
         while time.monotonic() - started < bound:
             self.tick()
-            if self.guarded(lambda: not live.exists(), False):
+            if self.guarded(lambda: not live.exists() and not behind.exists(), False):
                 break
             time.sleep(0.2)
         return time.monotonic() - started, bound

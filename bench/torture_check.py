@@ -74,6 +74,7 @@ class Pause:
     stopped: datetime  # database clock
     resumed: datetime | None = None
     victims: list[int] = field(default_factory=list)  # attempts running when it stopped
+    continued: float | None = None  # when SIGCONT was sent (this process's monotonic clock)
 
 
 @dataclass
