@@ -380,7 +380,7 @@ def test_a_duplicate_locks_nothing_while_its_transaction_lasts(runjobs, bulk):
 @pytest.mark.django_db
 def test_past_its_rounds_a_duplicate_takes_the_holder_from_the_insert(monkeypatch):
     # Only a key whose holders finish between every INSERT and read gets there.
-    monkeypatch.setattr("django_jobstate.managers.enqueue.UNIQUE_ROUNDS", 1)
+    monkeypatch.setattr("django_jobstate.managers.unique.UNIQUE_ROUNDS", 1)
     held = unique_record.enqueue("held")
     assert unique_record.enqueue("held").id == held.id
     got = backend.bulk_enqueue(unique_record, [(["new"], {}), (["held"], {})])
