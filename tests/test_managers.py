@@ -553,3 +553,37 @@ def test_enqueue_returns_the_times_it_stored():
             stored[job.pk].enqueued_at,
         )
     assert jobs[-1].run_after == explicit  # an explicit run_after stays as given
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("write", ["claim", "succeed_many"])
+def test_a_write_that_waited_for_sqlites_lock_stamps_a_time_after_the_wait(write):
+    """SQLite: the clock is read once the write lock is held, not before waiting for it."""
+    if connection.vendor != "sqlite":
+        pytest.skip("SQLite's write lock; PostgreSQL reads its own clock")
+    job = JobFactory(run_after=timezone.now() - timedelta(minutes=1))
+    if write == "succeed_many":
+        [job] = Job.objects.claim("w1")
+    holding, released = threading.Event(), []
+
+    def hold_the_write_lock():  # a thread: Django gives it a connection of its own
+        try:
+            with transaction.atomic(), connection.cursor() as cursor:  # BEGIN IMMEDIATE
+                cursor.execute("UPDATE django_jobstate_jobqueue SET name = name")
+                holding.set()
+                time.sleep(1)
+                released.append(timezone.now())
+        finally:
+            connection.close()
+
+    holder = threading.Thread(target=hold_the_write_lock)
+    holder.start()
+    assert holding.wait(10)
+    if write == "claim":
+        [claimed] = Job.objects.claim("w1")
+        stamped = claimed.started_at
+    else:
+        assert Job.objects.succeed_many("w1", [(job, "ok")]) == {job.pk}
+        stamped = Job.objects.get(pk=job.pk).finished_at
+    holder.join()
+    assert stamped >= released[0]

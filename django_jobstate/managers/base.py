@@ -89,6 +89,22 @@ def now_sql(connection: BaseDatabaseWrapper, delay: float = 0.0) -> tuple[str, l
     return "%s", [connection.ops.adapt_datetimefield_value(now)]
 
 
+@contextmanager
+def write_lock_first(using: str) -> Iterator[None]:
+    """For a write whose times come from now_sql(): on SQLite, outside a transaction, the
+    write lock is taken first (BEGIN IMMEDIATE, receivers.configure_sqlite), so that the
+    clock is read once this process holds it. A statement in autocommit binds this
+    process's clock and then waits for the lock: a claim that waited seconds stamped
+    started_at before the enqueued_at of rows committed meanwhile. (PostgreSQL reads its
+    own clock when the statement runs; nothing to do.)"""
+    connection = connections[using]
+    if connection.vendor == "sqlite" and not connection.in_atomic_block:
+        with transaction.atomic(using=using):
+            yield
+    else:
+        yield
+
+
 def from_db(connection: BaseDatabaseWrapper, field: models.Field[Any, Any], value: Any) -> Any:
     """A value of `field` read with a raw cursor, as the ORM would give it (SQLite: text)."""
     column = field.get_col(field.model._meta.db_table)

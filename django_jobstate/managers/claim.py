@@ -10,7 +10,7 @@ from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..states import State, check_transition
-from .base import Writes, now_sql
+from .base import Writes, now_sql, write_lock_first
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -62,27 +62,30 @@ class Claim(Writes):
         connection = connections[db]
         qn = connection.ops.quote_name
         table = qn(self.model._meta.db_table)
-        now, now_params = now_sql(connection)
-        picked, picked_params = self._heads(connection, queues, now, now_params, limit, from_key)
-        columns = ", ".join(
-            f"{table}.{qn(str(f.column))}" for f in self.model._meta.concrete_fields
-        )
-        # The candidates are picked once, in a materialized CTE: as a plain IN (subquery),
-        # PostgreSQL may rescan the subquery while updating and claim more than `limit`.
-        # The update finds them by id: its state fence is written `state || ''` so that no
-        # partial index on the state can serve it. Otherwise, after an ANALYZE that saw an
-        # empty queue, PostgreSQL drives the update from the runnable index and compares
-        # every queued row with every picked one (61 ms instead of 5 for 100 of 5,000).
-        sql = f"""
-            WITH picked AS MATERIALIZED ({picked})
-            UPDATE {table}
-            SET {qn("state")} = %s, {qn("worker_id")} = %s, {qn("started_at")} = {now}
-            FROM picked
-            WHERE {table}.{qn("id")} = picked.{qn("id")} AND {table}.{qn("state")} || '' = %s
-            RETURNING {columns}
-        """
-        params = [*picked_params, State.RUNNING, worker_id, *now_params, State.QUEUED]
-        return sorted(self.raw(sql, params, using=db), key=claim_key)
+        with write_lock_first(db):
+            now, now_params = now_sql(connection)
+            picked, picked_params = self._heads(
+                connection, queues, now, now_params, limit, from_key
+            )
+            columns = ", ".join(
+                f"{table}.{qn(str(f.column))}" for f in self.model._meta.concrete_fields
+            )
+            # The candidates are picked once, in a materialized CTE: as a plain IN (subquery),
+            # PostgreSQL may rescan the subquery while updating and claim more than `limit`.
+            # The update finds them by id: its state fence is written `state || ''` so that no
+            # partial index on the state can serve it. Otherwise, after an ANALYZE that saw an
+            # empty queue, PostgreSQL drives the update from the runnable index and compares
+            # every queued row with every picked one (61 ms instead of 5 for 100 of 5,000).
+            sql = f"""
+                WITH picked AS MATERIALIZED ({picked})
+                UPDATE {table}
+                SET {qn("state")} = %s, {qn("worker_id")} = %s, {qn("started_at")} = {now}
+                FROM picked
+                WHERE {table}.{qn("id")} = picked.{qn("id")} AND {table}.{qn("state")} || '' = %s
+                RETURNING {columns}
+            """
+            params = [*picked_params, State.RUNNING, worker_id, *now_params, State.QUEUED]
+            return sorted(self.raw(sql, params, using=db), key=claim_key)
 
     def _heads(
         self,

@@ -20,7 +20,7 @@ from ..logs import job_fields
 from ..states import FailureReason, State, check_transition
 from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 from ..wakeup import NOTIFY_QUEUE, queue_payload
-from .base import Writes, logger, now_sql, writing
+from .base import Writes, logger, now_sql, write_lock_first, writing
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -54,26 +54,27 @@ class Outcomes(Writes):
         check_transition(State.RUNNING, State.SUCCEEDED)
         if not outcomes:
             return set()
-        connection = connections[router.db_for_write(self.model)]
+        db = router.db_for_write(self.model)
+        connection = connections[db]
         qn = connection.ops.quote_name
         table = qn(self.model._meta.db_table)
-        now, now_params = now_sql(connection)
         row = "(%s::bigint, %s::jsonb)" if connection.vendor == "postgresql" else "(%s, %s)"
         values = []
         for job, value in outcomes:
             values += [job.pk, json.dumps(value)]
-        sql = f"""
-            WITH outcome(id, return_value) AS (VALUES {", ".join([row] * len(outcomes))})
-            UPDATE {table}
-            SET {qn("state")} = %s, {qn("finished_at")} = {now},
-                {qn("return_value")} = outcome.return_value
-            FROM outcome
-            WHERE {table}.{qn("id")} = outcome.id
-                AND {qn("state")} = %s AND {qn("worker_id")} = %s
-            RETURNING {table}.{qn("id")}
-        """
-        params = [*values, State.SUCCEEDED, *now_params, State.RUNNING, worker_id]
-        with connection.cursor() as cursor:
+        with write_lock_first(db), connection.cursor() as cursor:
+            now, now_params = now_sql(connection)
+            sql = f"""
+                WITH outcome(id, return_value) AS (VALUES {", ".join([row] * len(outcomes))})
+                UPDATE {table}
+                SET {qn("state")} = %s, {qn("finished_at")} = {now},
+                    {qn("return_value")} = outcome.return_value
+                FROM outcome
+                WHERE {table}.{qn("id")} = outcome.id
+                    AND {qn("state")} = %s AND {qn("worker_id")} = %s
+                RETURNING {table}.{qn("id")}
+            """
+            params = [*values, State.SUCCEEDED, *now_params, State.RUNNING, worker_id]
             cursor.execute(sql, params)
             return {row[0] for row in cursor.fetchall()}
 
@@ -154,10 +155,11 @@ class Outcomes(Writes):
             raise LostRace(f"Only a failed attempt can be retried; job {job.pk} is {job.state}.")
         db = job._state.db or router.db_for_write(self.model)
         connection = connections[db]
-        now = RawSQL(*now_sql(connection), output_field=models.DateTimeField())
-        due = RawSQL(*now_sql(connection, delay), output_field=models.DateTimeField())
         try:
             with transaction.atomic(using=db):
+                # Read inside the transaction: on SQLite, once it holds the write lock.
+                now = RawSQL(*now_sql(connection), output_field=models.DateTimeField())
+                due = RawSQL(*now_sql(connection, delay), output_field=models.DateTimeField())
                 next_attempt = self.create(
                     result_id=job.result_id,
                     attempt=job.attempt + 1,
