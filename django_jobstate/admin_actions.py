@@ -13,7 +13,7 @@ from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.utils import unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.db.models.functions import Least, Now
+from django.db.models.functions import Least
 from django.forms import BooleanField
 from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.shortcuts import redirect
@@ -24,6 +24,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from .conf import get_settings
+from .dbclock import Now
 from .managers import CancelOutcome
 from .models import Job
 from .querysets import JobQuerySet

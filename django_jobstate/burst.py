@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from datetime import timedelta
 
 from django.db import DatabaseError, connections
-from django.db.models.functions import Now
 
+from .dbclock import Now
 from .models import Job, JobQueue
 
 logger = logging.getLogger("django_jobstate.worker")

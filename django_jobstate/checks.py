@@ -185,10 +185,11 @@ def _is_utc(name: str) -> bool:
 
 @register()
 def check_sqlite_time_zone(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """SQLite with naive local times: refuse what the app cannot compare correctly.
+    """SQLite or MariaDB/MySQL with naive local times: refuse what the app cannot compare.
 
-    With USE_TZ = False, Django writes local naive times, while SQLite's clock (the
-    database's "now" in rescue_lost(), Run now, prune, ...) is UTC: east of UTC a lost
+    With USE_TZ = False, Django writes local naive times, while the clock the app writes
+    and compares with (SQLite's, and UTC_TIMESTAMP() on MariaDB/MySQL: the database's
+    "now" in the claim, rescue_lost(), Run now, prune, ...) is UTC: east of UTC a lost
     worker's attempt would never be rescued, west of it fresh rows would be pruned.
     """
     if not apps.is_installed("django_jobstate") or settings.USE_TZ or _is_utc(settings.TIME_ZONE):
@@ -197,14 +198,16 @@ def check_sqlite_time_zone(app_configs: Any = None, **kwargs: Any) -> list[Check
 
     return [
         Error(
-            f"DATABASES[{alias!r}] is SQLite, and USE_TZ = False with TIME_ZONE = "
-            f"{settings.TIME_ZONE!r}: django_jobstate would compare local times with "
-            f"SQLite's clock, which is UTC (lost workers never rescued, fresh jobs pruned).",
+            f"DATABASES[{alias!r}] is {connections[alias].display_name}, and USE_TZ = "
+            f"False with TIME_ZONE = {settings.TIME_ZONE!r}: django_jobstate would compare "
+            f"local times with the database's clock in UTC (lost workers never rescued, "
+            f"fresh jobs pruned).",
             hint='Set USE_TZ = True (Django\'s default), or TIME_ZONE = "UTC".',
             id="django_jobstate.E006",
         )
         for alias in connections
-        if connections[alias].vendor == "sqlite" and router.allow_migrate_model(alias, Job)
+        if connections[alias].vendor in ("sqlite", "mysql")
+        and router.allow_migrate_model(alias, Job)
     ]
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
-from django.db import models
-from django.db.models.functions import Now
+from django.db import connections, models
 from django.utils import timezone
+
+from .dbclock import Now
 
 if TYPE_CHECKING:
     from .models import WorkerHeartbeat
@@ -25,6 +26,8 @@ class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
         # One INSERT ... ON CONFLICT, not a read then a write: SQLite would refuse that
         # transaction at once ("database is locked") while another process writes.
         now = timezone.now()
+        # MariaDB/MySQL name no conflict target: ON DUPLICATE KEY of the primary key.
+        target = connections[self.db].features.supports_update_conflicts_with_target
         self.bulk_create(
             [
                 self.model(
@@ -38,7 +41,7 @@ class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
                 for worker_id, pid in workers.items()
             ],
             update_conflicts=True,
-            unique_fields=["worker_id"],
+            unique_fields=["worker_id"] if target else None,
             update_fields=["last_seen"],
         )
         # Lost workers are judged by the database clock, whatever this process's says.

@@ -190,8 +190,8 @@ def queue_ages() -> tuple[dict[str, float], dict[str, float], set[str]]:
     unpaused queues ({queue: seconds}, 0 for a configured queue with none), for paused
     ones apart (their jobs are not runnable), and the paused queues' names."""
     from django.db.models import Min
-    from django.db.models.functions import Now
 
+    from .dbclock import Now
     from .models import Job, JobQueue
 
     paused = JobQueue.objects.paused_names()
@@ -256,10 +256,10 @@ class HeartbeatCollector:
 
     def collect(self) -> Iterator[Any]:
         from django.db.models import F
-        from django.db.models.functions import Now
         from prometheus_client.core import GaugeMetricFamily
 
         from .conf import get_settings
+        from .dbclock import Now
         from .models import WorkerHeartbeat
 
         lost_after = get_settings().LOST_AFTER

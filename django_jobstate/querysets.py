@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import models
 from django.db.models import Exists, OuterRef
-from django.db.models.functions import Now
 
+from .dbclock import Now
 from .states import LIVE_STATES, TERMINAL_STATES, State
 
 if TYPE_CHECKING:

@@ -17,8 +17,8 @@ import logging
 from typing import TYPE_CHECKING
 
 from django.db import connections, models, router, transaction
-from django.db.models.functions import Now
 
+from .dbclock import Now
 from .wakeup import NOTIFY_QUEUE, queue_payload
 
 if TYPE_CHECKING:

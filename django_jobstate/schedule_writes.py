@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from django.db import connections, router
@@ -27,10 +27,14 @@ STORE_TRIES = 5
 
 
 def db_now(db: str) -> datetime:
-    """Now by the database's clock (PostgreSQL), or this machine's (SQLite)."""
+    """Now by the database's clock (PostgreSQL, MariaDB/MySQL), or this machine's (SQLite)."""
     connection = connections[db]
-    if connection.vendor != "postgresql":
+    if connection.vendor == "sqlite":
         return timezone.now()
+    if connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT UTC_TIMESTAMP(6)")
+            return cursor.fetchone()[0].replace(tzinfo=UTC)
     with connection.cursor() as cursor:
         cursor.execute("SELECT STATEMENT_TIMESTAMP()")
         return cursor.fetchone()[0]

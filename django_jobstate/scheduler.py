@@ -125,7 +125,7 @@ class Scheduler:
             now = found[0][3] if found else timezone.now()
             return [row[:3] for row in found], now
         found = list(rows.order_by("next_tick_at").values_list(*fields)[: DUE_BATCH + 1])
-        return found, timezone.now()
+        return found, db_now(db)  # SQLite: this machine's clock
 
     def _tick(self, db: str, d: Definition, due: datetime, now: datetime) -> None:
         plan = d.plan(due, now)

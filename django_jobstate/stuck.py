@@ -21,9 +21,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING
 
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.db.models.functions import Now
 
 from .conf import Settings, get_settings
+from .dbclock import Now
 from .states import State
 
 if TYPE_CHECKING:

@@ -312,10 +312,15 @@ _pg_port_in_use() {
 # from the cluster dir (the owner can't necessarily read our cwd, and
 # postgres tools fail when they can't resolve it).
 _pg_as_owner() {
-    local owner=$1
-    shift
+    _as_owner "$JOBSTATE_PG_DIR" "$@"
+}
+
+# _as_owner DIR OWNER CMD...: run CMD from DIR as OWNER ("" = ourselves).
+_as_owner() {
+    local dir=$1 owner=$2
+    shift 2
     (
-        cd "$JOBSTATE_PG_DIR" || exit 1
+        cd "$dir" || exit 1
         if [[ -z $owner ]]; then
             "$@"
         elif command -v runuser >/dev/null 2>&1; then
@@ -498,6 +503,177 @@ pg_stop() {
     fi
     rm -rf "$dir"
     unset JOBSTATE_PG_DIR JOBSTATE_PG_CTL JOBSTATE_PG_LOG
+    return 0
+}
+
+# ---------------------------------------------------------------- MariaDB / MySQL
+
+# mysql_bin NAME...: print the path of the first of NAME... found on PATH or in /usr/sbin.
+mysql_bin() {
+    local n p
+    for n in "$@"; do
+        for p in "$(command -v "$n" 2>/dev/null)" "/usr/sbin/$n" "/usr/bin/$n"; do
+            if [[ -n $p && -x $p ]]; then
+                echo "$p"
+                return 0
+            fi
+        done
+    done
+    return 1
+}
+
+# mysql_start: start a throwaway MariaDB (or MySQL) server in a temp dir, as an unprivileged
+# user when we are root, on a free loopback port, and export JOBSTATE_MYSQL_HOST
+# JOBSTATE_MYSQL_PORT JOBSTATE_MYSQL_USER JOBSTATE_MYSQL_PASSWORD JOBSTATE_MYSQL_DIR
+# JOBSTATE_MYSQL_CTL (start|stop|kill|restart the server: the fault tests use it) and
+# JOBSTATE_MYSQL_LOG. Installs mariadb-server with apt-get when no server is found (root
+# only). Callers must `trap mysql_stop EXIT` first, so that a half-started server goes too.
+mysql_start() {
+    local server installer client owner="" tmp port
+    if ! server=$(mysql_bin mariadbd mysqld); then
+        if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+            _log "MariaDB server not found; installing mariadb-server with apt-get."
+            apt_install mariadb-server || return 1
+        fi
+        if ! server=$(mysql_bin mariadbd mysqld); then
+            _err "MariaDB/MySQL server (mariadbd or mysqld) not found. Install it (e.g." \
+                "\`sudo apt-get install mariadb-server\`) and try again."
+            return 1
+        fi
+    fi
+    if ! installer=$(mysql_bin mariadb-install-db mysql_install_db) ||
+        ! client=$(mysql_bin mariadb mysql); then
+        _err "mariadb-install-db or the mariadb client not found beside $server"
+        return 1
+    fi
+    if [[ $EUID -eq 0 ]]; then
+        if id -u mysql >/dev/null 2>&1; then owner=mysql; else owner=nobody; fi
+    fi
+    tmp=$(mktemp -d /tmp/jobstate-mysql.XXXXXX) || return 1
+    : >"$tmp/.jobstate-mysql" || return 1 # mysql_stop deletes only directories with it
+    export JOBSTATE_MYSQL_DIR="$tmp"
+    if [[ -n $owner ]]; then chown "$owner:" "$tmp" || return 1; fi
+
+    _log "Starting throwaway MariaDB ($("$server" --version 2>/dev/null | head -n1)) in $tmp${owner:+ as user $owner}"
+    # --no-defaults: the machine's /etc/mysql must not leak into the test server.
+    if ! _as_owner "$tmp" "$owner" "$installer" --no-defaults --datadir="$tmp/data" \
+        --auth-root-authentication-method=normal --skip-test-db \
+        ${owner:+--user="$owner"} >"$tmp/install.log" 2>&1; then
+        _err "mariadb-install-db failed:"
+        cat "$tmp/install.log" >&2
+        return 1
+    fi
+    port=53306
+    while _pg_port_in_use "$port"; do
+        port=$((port + 1))
+        if ((port > 53506)); then
+            _err "no free TCP port in 53306-53506 on 127.0.0.1"
+            return 1
+        fi
+    done
+    {
+        echo "[mariadbd]"
+        echo "datadir = $tmp/data"
+        echo "socket = $tmp/mysql.sock"
+        echo "pid-file = $tmp/mysqld.pid"
+        echo "log-error = $tmp/server.log"
+        echo "bind-address = ${JOBSTATE_MYSQL_BIND:-127.0.0.1}"
+        echo "port = $port"
+        echo "character-set-server = utf8mb4"
+        echo "collation-server = utf8mb4_unicode_ci"
+        echo "max_connections = 400"
+        echo "skip-log-bin"
+        echo "skip-name-resolve"
+        echo "innodb_buffer_pool_size = 512M"
+        if [[ ${MYSQL_DURABLE:-} != 1 ]]; then
+            # A throwaway test database needs no crash safety (PG_DURABLE's twin).
+            echo "innodb_flush_log_at_trx_commit = 2"
+            echo "innodb_doublewrite = 0"
+        fi
+    } >"$tmp/my.cnf" || return 1
+    _mysql_ctl_script "$tmp" "$server" "$owner" "$port" >"$tmp/ctl.sh" || return 1
+    chmod 755 "$tmp/ctl.sh" || return 1
+    export JOBSTATE_MYSQL_CTL="$tmp/ctl.sh" JOBSTATE_MYSQL_LOG="$tmp/server.log"
+    if ! "$JOBSTATE_MYSQL_CTL" start; then
+        cat "$tmp/server.log" >&2 2>/dev/null || true
+        return 1
+    fi
+    # The test user has every privilege: Django's test runner creates test_* databases.
+    if ! "$client" --no-defaults --socket="$tmp/mysql.sock" -uroot -e "
+        CREATE USER 'jobstate'@'%' IDENTIFIED BY 'jobstate';
+        GRANT ALL PRIVILEGES ON *.* TO 'jobstate'@'%' WITH GRANT OPTION;
+        CREATE DATABASE jobstate CHARACTER SET utf8mb4;" 2>"$tmp/client.err"; then
+        _err "could not create the test user:"
+        cat "$tmp/client.err" >&2
+        return 1
+    fi
+    export JOBSTATE_MYSQL_HOST=127.0.0.1 JOBSTATE_MYSQL_PORT="$port" \
+        JOBSTATE_MYSQL_USER=jobstate JOBSTATE_MYSQL_PASSWORD=jobstate
+    _log "MariaDB ready on 127.0.0.1:$port (user jobstate, password jobstate)"
+}
+
+# _mysql_ctl_script DIR SERVER OWNER PORT: print the server's control script (what
+# pg_ctl.sh is to PostgreSQL): start | stop | kill | restart.
+_mysql_ctl_script() {
+    local dir owner
+    dir=$(printf '%q' "$1") owner=$(printf '%q' "$3")
+    cat <<SCRIPT
+#!/usr/bin/env bash
+# Generated by scripts/lib.sh mysql_start: start | stop | kill | restart the server in $dir.
+set -euo pipefail
+dir=$dir
+running() { [[ -f \$dir/mysqld.pid ]] && kill -0 "\$(cat "\$dir/mysqld.pid")" 2>/dev/null; }
+start() {
+    local i
+    if [[ -n "$owner" && \$EUID -eq 0 ]]; then
+        runuser -u $owner -- $(printf '%q' "$2") --defaults-file="\$dir/my.cnf" --user=$owner >>"\$dir/server.log" 2>&1 &
+    else
+        $(printf '%q' "$2") --defaults-file="\$dir/my.cnf" >>"\$dir/server.log" 2>&1 &
+    fi
+    for ((i = 0; i < 600; i++)); do
+        if running && (exec 3<>/dev/tcp/127.0.0.1/$4) 2>/dev/null; then return 0; fi
+        sleep 0.1
+    done
+    echo "MariaDB did not start in 60 s; see \$dir/server.log" >&2
+    return 1
+}
+stop() { # stop [SIGNAL]
+    local pid i
+    running || return 0
+    pid=\$(cat "\$dir/mysqld.pid")
+    kill "-\${1:-TERM}" "\$pid" 2>/dev/null || true
+    for ((i = 0; i < 600; i++)); do
+        kill -0 "\$pid" 2>/dev/null || return 0
+        sleep 0.1
+    done
+    kill -KILL "\$pid" 2>/dev/null || true
+}
+case \${1:-} in
+start) start ;;
+stop) stop ;;
+kill) stop KILL ;;
+restart) stop && start ;;
+*)
+    echo "usage: \$0 start|stop|kill|restart" >&2
+    exit 2
+    ;;
+esac
+SCRIPT
+}
+
+# mysql_stop: stop the server in $JOBSTATE_MYSQL_DIR and delete it. Safe to call twice
+# and when mysql_start failed half-way or never ran.
+mysql_stop() {
+    local dir=${JOBSTATE_MYSQL_DIR:-}
+    [[ -n $dir ]] || return 0
+    if [[ -e $dir/.jobstate-mysql ]]; then
+        if [[ -x $dir/ctl.sh ]]; then "$dir/ctl.sh" kill >/dev/null 2>&1 || true; fi
+        rm -rf "$dir"
+    elif [[ -e $dir ]]; then
+        _err "not removing $dir: it was not created by mysql_start"
+    fi
+    unset JOBSTATE_MYSQL_DIR JOBSTATE_MYSQL_CTL JOBSTATE_MYSQL_LOG JOBSTATE_MYSQL_HOST \
+        JOBSTATE_MYSQL_PORT JOBSTATE_MYSQL_USER JOBSTATE_MYSQL_PASSWORD
     return 0
 }
 

@@ -76,8 +76,21 @@ elif DB == "sqlite":
             "TEST": {"NAME": sqlite_path},
         }
     }
+elif DB == "mysql":  # MariaDB or MySQL: scripts/mysql (or scripts/test) starts one
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": TEST_DB_NAME or "jobstate",
+            "HOST": os.environ.get("JOBSTATE_MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("JOBSTATE_MYSQL_PORT", "3306"),
+            "USER": os.environ.get("JOBSTATE_MYSQL_USER", "jobstate"),
+            "PASSWORD": os.environ.get("JOBSTATE_MYSQL_PASSWORD", ""),
+            "OPTIONS": {"charset": "utf8mb4"},
+            "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
+        }
+    }
 else:
-    raise RuntimeError(f"JOBSTATE_TEST_DB must be 'sqlite' or 'postgres', not {DB!r}")
+    raise RuntimeError(f"JOBSTATE_TEST_DB must be 'sqlite', 'postgres' or 'mysql', not {DB!r}")
 
 TASKS = {
     "default": {

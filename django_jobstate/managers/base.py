@@ -33,6 +33,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_jobstate")
 
 
+# The fields that differ between the rows one enqueue INSERT writes (enqueue.py, mysql.py).
+PER_CALL = ("result_id", "args", "kwargs", "unique_key")
+
+
 def class_path(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
 
@@ -78,13 +82,20 @@ def now_sql(connection: BaseDatabaseWrapper, delay: float = 0.0) -> tuple[str, l
     with this, never with the writing process's clock: on PostgreSQL it is the database
     clock, so a worker whose clock is behind cannot skip a retry's backoff and a web
     process whose clock is ahead cannot enqueue jobs that wait for the database to catch
-    up. SQLite: this process's clock, as SQLite's has only milliseconds and run_after has
-    microseconds (a job due now would wait); SQLite is one machine with one clock.
+    up. MariaDB/MySQL: the server's clock too. SQLite: this process's clock, as SQLite's
+    has only milliseconds and run_after has microseconds (a job due now would wait);
+    SQLite is one machine with one clock.
     """
     if connection.vendor == "postgresql":
         if delay:
             return "(STATEMENT_TIMESTAMP() + %s)", [timedelta(seconds=delay)]
         return "STATEMENT_TIMESTAMP()", []
+    if connection.vendor == "mysql":
+        # The server's clock in UTC, as Django stores times with USE_TZ (checks.py warns
+        # about a local TIME_ZONE without it), with microseconds as DATETIME(6) keeps.
+        if delay:
+            return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(delay * 1e6)]
+        return "UTC_TIMESTAMP(6)", []
     now = timezone.now() + timedelta(seconds=delay)
     return "%s", [connection.ops.adapt_datetimefield_value(now)]
 

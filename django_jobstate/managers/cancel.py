@@ -16,8 +16,9 @@ from enum import StrEnum
 from typing import TYPE_CHECKING
 
 from django.db import connections, models
-from django.db.models.functions import Coalesce, Now
+from django.db.models.functions import Coalesce
 
+from ..dbclock import Now
 from ..exceptions import JobCancelled, LostRace
 from ..states import FailureReason, State
 from ..wakeup import NOTIFY_CANCEL

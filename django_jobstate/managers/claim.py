@@ -10,7 +10,8 @@ from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..states import State, check_transition
-from .base import Writes, now_sql, write_lock_first
+from .base import now_sql, write_lock_first
+from .mysql import MySQLWrites
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -24,7 +25,7 @@ def claim_key(job: Job) -> ClaimKey:
     return (-job.priority, job.run_after, job.pk)
 
 
-class Claim(Writes):
+class Claim(MySQLWrites):
     def claim(
         self,
         worker_id: str,
@@ -60,6 +61,8 @@ class Claim(Writes):
             return []
         db = router.db_for_write(self.model)
         connection = connections[db]
+        if connection.vendor == "mysql":
+            return self._claim_mysql(connection, db, worker_id, queues, limit, from_key)
         qn = connection.ops.quote_name
         table = qn(self.model._meta.db_table)
         with write_lock_first(db):

@@ -11,12 +11,13 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
 from django.db import connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.fields import NOT_PROVIDED
 
 from ..payload import encode_payload
 from ..uniqueness import UniqueScope
 from ..wakeup import NOTIFY
-from .base import from_db, now_sql
+from .base import PER_CALL, from_db, now_sql
 from .unique import EnqueueUnique, Row
 
 if TYPE_CHECKING:
@@ -37,9 +38,8 @@ def uuid7() -> uuid.UUID:
     return uuid.UUID(int=value | 0b10 << 62 | rand & (1 << 62) - 1)
 
 
-# enqueue_many(): calls per INSERT, and the fields that differ between its rows.
+# enqueue_many(): calls per INSERT.
 ENQUEUE_CHUNK = 5000
-_PER_CALL = ("result_id", "args", "kwargs", "unique_key")
 # The times an INSERT takes from _now_sql() when not given, and reads back.
 _CLOCKED = ("run_after", "enqueued_at")
 
@@ -125,7 +125,7 @@ class Enqueue(EnqueueUnique):
         # The Job objects, as if read back: positional, not keyword, construction is faster.
         fields = [f.attname for f in self.model._meta.concrete_fields]
         values = [getattr(template, name) for name in fields]
-        at = [fields.index(name) for name in _PER_CALL]
+        at = [fields.index(name) for name in PER_CALL]
         jobs = []
         for result_id, args, _, kwargs, _, key in rows:
             for i, value in zip(at, (result_id, args, kwargs, key), strict=True):
@@ -156,6 +156,35 @@ class Enqueue(EnqueueUnique):
             holders.update(held)
         return holders
 
+    def _values(
+        self,
+        connection: BaseDatabaseWrapper,
+        template: Job,
+        per_call: dict[str, tuple[str, list[Any]]],
+        now: str,
+        now_params: list[Any],
+    ) -> tuple[list[str], list[str], list[Any]]:
+        """The columns an INSERT like `template` writes, their SQL values and parameters:
+        `per_call`'s for the fields that differ between calls, the clock for the times
+        not given, and the database's defaults left out."""
+        columns, selected, params = [], [], []
+        for field in self.model._meta.concrete_fields:
+            value = getattr(template, field.attname)
+            if field.attname in per_call:
+                expr, expr_params = per_call[field.attname]
+            elif field.attname in _CLOCKED and value is None:
+                expr, expr_params = now, now_params
+            elif value is None or (
+                field.db_default is not NOT_PROVIDED and value == field.db_default
+            ):
+                continue  # the id, the columns that start as NULL, and the database's defaults
+            else:
+                expr, expr_params = "%s", [field.get_db_prep_save(value, connection)]
+            columns.append(connection.ops.quote_name(str(field.column)))
+            selected.append(expr)
+            params += expr_params
+        return columns, selected, params
+
     def _insert(
         self, db: str, template: Job, rows: list[Row], lock_held: bool = False
     ) -> tuple[dict[str, int], dict[str, int], tuple[datetime, datetime]]:
@@ -168,10 +197,12 @@ class Enqueue(EnqueueUnique):
         one JSON array of [result_id, args, kwargs, unique key].
         """
         connection = connections[db]
+        if connection.vendor == "mysql":
+            return self._insert_mysql(db, template, rows, lock_held)
         qn = connection.ops.quote_name
         now, now_params = now_sql(connection)
         unique = template.unique_scope is not None
-        names = _PER_CALL if unique else _PER_CALL[:3]
+        names = PER_CALL if unique else PER_CALL[:3]
         per_call: dict[str, tuple[str, list[Any]]]
         if len(rows) == 1:
             [(result_id, _, args, _, kwargs, key)] = rows
@@ -192,22 +223,7 @@ class Enqueue(EnqueueUnique):
                 # SQLite reads "ON" after a SELECT's FROM as a join without the WHERE.
                 source = "FROM json_each(%s) AS call" + (" WHERE true" if unique else "")
             per_call = {name: (expr, []) for name, expr in zip(names, exprs, strict=False)}
-        columns, selected, params = [], [], []
-        for field in self.model._meta.concrete_fields:
-            value = getattr(template, field.attname)
-            if field.attname in per_call:
-                expr, expr_params = per_call[field.attname]
-            elif field.attname in _CLOCKED and value is None:
-                expr, expr_params = now, now_params
-            elif value is None or (
-                field.db_default is not NOT_PROVIDED and value == field.db_default
-            ):
-                continue  # the id, the columns that start as NULL, and the database's defaults
-            else:
-                expr, expr_params = "%s", [field.get_db_prep_save(value, connection)]
-            columns.append(qn(str(field.column)))
-            selected.append(expr)
-            params += expr_params
+        columns, selected, params = self._values(connection, template, per_call, now, now_params)
         row = (
             f"SELECT {', '.join(selected)} {source}"
             if source

@@ -12,15 +12,16 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models import Case, Value, When
 from django.db.models.expressions import RawSQL
-from django.db.models.functions import Now
 
 from ..conf import get_settings
+from ..dbclock import Now
 from ..exceptions import JobAlreadyEnqueued, LostRace
 from ..logs import job_fields
 from ..states import FailureReason, State, check_transition
 from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 from ..wakeup import NOTIFY_QUEUE, queue_payload
-from .base import Writes, logger, now_sql, write_lock_first, writing
+from .base import logger, now_sql, write_lock_first, writing
+from .mysql import MySQLWrites
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -31,6 +32,8 @@ def _violates_unique_key(exc: IntegrityError) -> bool:
     diag = getattr(exc.__cause__, "diag", None)  # PostgreSQL names the index
     if diag is not None:
         return diag.constraint_name in KEY_INDEX.values()
+    if any(f"'{name}'" in str(exc) for name in KEY_INDEX.values()):
+        return True  # MariaDB/MySQL: "Duplicate entry '...' for key 'jobstate_job_unique_live'"
     return "unique_key" in str(exc)  # SQLite names the column
 
 
@@ -40,7 +43,7 @@ def backoff_delay(backoff: float, attempt: int) -> float:
     return min(cap, backoff * 2 ** (attempt - 1)) * random.uniform(0.5, 1.0)
 
 
-class Outcomes(Writes):
+class Outcomes(MySQLWrites):
     def succeed(self, job: Job, return_value: Any) -> None:
         """Record that `job`'s task returned `return_value`."""
         self._transition(job, State.SUCCEEDED, finished_at=Now(), return_value=return_value)
@@ -58,6 +61,8 @@ class Outcomes(Writes):
         connection = connections[db]
         qn = connection.ops.quote_name
         table = qn(self.model._meta.db_table)
+        if connection.vendor == "mysql":
+            return self._succeed_many_mysql(db, worker_id, outcomes)
         row = "(%s::bigint, %s::jsonb)" if connection.vendor == "postgresql" else "(%s, %s)"
         values = []
         for job, value in outcomes:
@@ -160,6 +165,18 @@ class Outcomes(Writes):
                 # Read inside the transaction: on SQLite, once it holds the write lock.
                 now = RawSQL(*now_sql(connection), output_field=models.DateTimeField())
                 due = RawSQL(*now_sql(connection, delay), output_field=models.DateTimeField())
+                # prune() may be deleting `job`'s task, having read it before this retry:
+                # lock `job` (prune locks it too) so that it cannot go until this commits.
+                # Before the INSERT: InnoDB checks the INSERT's foreign key at once, with a
+                # shared lock on `job` that a later FOR UPDATE would have to upgrade, a
+                # deadlock with a prune waiting for it (one in ten races on MariaDB).
+                no_key = connection.features.has_select_for_no_key_update  # not MySQL
+                kept = self.using(db).filter(pk=job.pk).select_for_update(no_key=no_key)
+                if not kept.values_list("pk", flat=True):
+                    raise LostRace(
+                        f"Job {job.pk} was deleted (pruned) before its next attempt was "
+                        f"written: nothing was retried."
+                    )
                 next_attempt = self.create(
                     result_id=job.result_id,
                     attempt=job.attempt + 1,
@@ -182,14 +199,6 @@ class Outcomes(Writes):
                     schedule_name=job.schedule_name,
                     scheduled_for=job.scheduled_for,
                 )
-                # prune() may be deleting `job`'s task, having read it before this INSERT:
-                # lock `job` (prune locks it too) so that it cannot go until this commits.
-                kept = self.using(db).filter(pk=job.pk).select_for_update(no_key=True)
-                if not kept.values_list("pk", flat=True):
-                    raise LostRace(
-                        f"Job {job.pk} was deleted (pruned) before its next attempt was "
-                        f"written: nothing was retried."
-                    )
                 if isinstance(next_attempt.enqueued_at, RawSQL):
                     # Django 5.2 leaves the expressions on the instance (6.0 reads them back
                     # with the INSERT's RETURNING): read the values the database wrote.

@@ -58,7 +58,7 @@ class Prune(Writes):
         qn = connection.ops.quote_name
         table = qn(self.model._meta.db_table)
         with transaction.atomic(using=db):
-            if connection.vendor == "postgresql":
+            if connection.vendor != "sqlite":  # SQLite: one writer at a time
                 locked = self.using(db).filter(pk__in=ids).select_for_update().order_by("pk")
                 ids = list(locked.values_list("pk", flat=True))  # any deleted meanwhile: gone
                 if not ids:

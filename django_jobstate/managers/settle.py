@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections, router
 from django.db.models import Exists
-from django.db.models.functions import Now
 
 from .. import metrics
 from ..conf import get_settings
+from ..dbclock import Now
 from ..exceptions import JobCancelled, LostRace, WorkerLost
 from ..logs import job_fields
 from ..states import FailureReason

@@ -14,7 +14,7 @@ from django.db.models.sql import Query
 
 from ..exceptions import JobAlreadyEnqueued, LostRace
 from ..uniqueness import HOLDS_KEY, UniqueScope
-from .base import Writes
+from .mysql import MySQLWrites
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -29,7 +29,7 @@ UNIQUE_ROUNDS = 50
 Row = tuple[uuid.UUID, Any, str, Any, str, str | None]
 
 
-class EnqueueUnique(Writes):
+class EnqueueUnique(MySQLWrites):
     if TYPE_CHECKING:  # enqueue.py's, which writes the rows
 
         def _insert_chunks(

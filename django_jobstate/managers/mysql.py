@@ -1,0 +1,204 @@
+"""The MariaDB/MySQL forms of the writes that PostgreSQL and SQLite make in one statement
+with RETURNING, which neither has for an UPDATE (nor MySQL for an INSERT): each is a short
+transaction that locks or writes rows by primary key, then reads back what it wrote. The
+fences are the same: every write still names the state it expects (and the worker).
+
+Migration 0009 gives these databases the indexes that models.py's partial and expression
+indexes give the others (InnoDB has neither): the claim order, and the unique indexes.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+from ..states import State
+from ..uniqueness import HOLDS_KEY, UniqueScope
+from .base import PER_CALL, Writes, from_db, now_sql
+
+if TYPE_CHECKING:
+    from ..models import Job
+    from .claim import ClaimKey
+    from .unique import Row
+
+# The index in claim order (migration 0009, which freezes the name).
+CLAIM_ORDER = "jobstate_job_claim_order"
+
+
+class MySQLWrites(Writes):
+    if TYPE_CHECKING:  # enqueue.py's
+
+        def _values(
+            self,
+            connection: BaseDatabaseWrapper,
+            template: Job,
+            per_call: dict[str, tuple[str, list[Any]]],
+            now: str,
+            now_params: list[Any],
+        ) -> tuple[list[str], list[str], list[Any]]: ...
+
+    def _claim_mysql(
+        self,
+        connection: BaseDatabaseWrapper,
+        db: str,
+        worker_id: str,
+        queues: list[str],
+        limit: int,
+        from_key: ClaimKey | None,
+    ) -> list[Job]:
+        """claim() on MariaDB/MySQL, which have no UPDATE ... RETURNING: one short
+        transaction that locks the heads of the queues (SELECT ... FOR UPDATE SKIP LOCKED
+        over the claim-order index, migration 0009: InnoDB locks every row it reads, so
+        the read must walk that order and nothing else), moves them by primary key,
+        still fenced on the state, and reads back the rows it moved (by id and worker:
+        they are locked by this transaction until it commits, so nobody else changed them).
+        A deadlock or a lock wait timeout ends the transaction having changed nothing; it
+        is an OperationalError, which the worker's claim loop takes as a passing fault.
+        """
+        from ..models import JobQueue
+        from .claim import claim_key
+
+        qn = connection.ops.quote_name
+        table = qn(self.model._meta.db_table)
+        now, now_params = now_sql(connection)
+        key, key_params = "", list[Any]()
+        if from_key is not None:  # the claim order (priority DESC, run_after, id) from it
+            rank, run_after, pk = from_key
+            at = connection.ops.adapt_datetimefield_value(run_after)
+            key = (
+                "AND (`priority` < %s OR `priority` = %s AND (`run_after` > %s "
+                "OR `run_after` = %s AND `id` >= %s))"
+            )
+            key_params = [-rank, -rank, at, at, pk]
+        head = f"""
+            SELECT `id`, `priority`, `run_after` FROM {table} FORCE INDEX (`{CLAIM_ORDER}`)
+            WHERE `state` = %s AND `queue_name` = %s AND `run_after` <= {now} {key}
+                AND NOT EXISTS (SELECT 1 FROM {qn(JobQueue._meta.db_table)}
+                    WHERE `name` = %s AND `paused_at` IS NOT NULL)
+            ORDER BY `priority` DESC, `run_after`, `id` LIMIT %s
+            FOR UPDATE SKIP LOCKED
+        """
+        columns = ", ".join(qn(str(f.column)) for f in self.model._meta.concrete_fields)
+        with transaction.atomic(using=db), connection.cursor() as cursor:
+            heads = []
+            for queue in queues:  # the rows of other queues' heads stay locked till COMMIT
+                params = [State.QUEUED, queue, *now_params, *key_params, queue, limit]
+                cursor.execute(head, params)
+                heads += cursor.fetchall()
+            heads.sort(key=lambda row: (-row[1], row[2], row[0]))
+            ids = [row[0] for row in heads[:limit]]
+            if not ids:
+                return []
+            marks = ", ".join(["%s"] * len(ids))
+            cursor.execute(
+                f"UPDATE {table} SET `state` = %s, `worker_id` = %s, `started_at` = {now} "
+                f"WHERE `id` IN ({marks}) AND `state` = %s",
+                [State.RUNNING, worker_id, *now_params, *ids, State.QUEUED],
+            )
+            won = self.raw(
+                f"SELECT {columns} FROM {table} WHERE `id` IN ({marks}) "
+                f"AND `state` = %s AND `worker_id` = %s",
+                [*ids, State.RUNNING, worker_id],
+                using=db,
+            )
+            return sorted(won, key=claim_key)
+
+    def _succeed_many_mysql(
+        self, db: str, worker_id: str, outcomes: Sequence[tuple[Job, Any]]
+    ) -> set[int]:
+        """succeed_many() without UPDATE ... RETURNING: lock the rows still running for
+        `worker_id` (those are the ones this transaction writes: nobody can move them
+        until it commits), then write each one's value by primary key."""
+        connection = connections[db]
+        table = connection.ops.quote_name(self.model._meta.db_table)
+        values = {job.pk: json.dumps(value) for job, value in outcomes}
+        now, now_params = now_sql(connection)
+        with transaction.atomic(using=db), connection.cursor() as cursor:
+            marks = ", ".join(["%s"] * len(values))
+            cursor.execute(
+                f"SELECT `id` FROM {table} WHERE `id` IN ({marks}) AND `state` = %s "
+                f"AND `worker_id` = %s FOR UPDATE",
+                [*values, State.RUNNING, worker_id],
+            )
+            mine = [row[0] for row in cursor.fetchall()]
+            if not mine:
+                return set()
+            marks = ", ".join(["%s"] * len(mine))
+            cases = " ".join(["WHEN %s THEN %s"] * len(mine))
+            cursor.execute(
+                f"UPDATE {table} SET `state` = %s, `finished_at` = {now}, "
+                f"`return_value` = CASE `id` {cases} END "
+                f"WHERE `id` IN ({marks}) AND `state` = %s AND `worker_id` = %s",
+                [
+                    State.SUCCEEDED,
+                    *now_params,
+                    *(p for pk in mine for p in (pk, values[pk])),
+                    *mine,
+                    State.RUNNING,
+                    worker_id,
+                ],
+            )
+        return set(mine)
+
+    def _insert_mysql(
+        self, db: str, template: Job, rows: list[Row], lock_held: bool
+    ) -> tuple[dict[str, int], dict[str, int], tuple[datetime, datetime]]:
+        """_insert() on MariaDB/MySQL: one multi-row INSERT, then the rows written read
+        back by result_id in the same transaction (MySQL has no INSERT ... RETURNING).
+
+        A row whose unique key is held is not written: ON DUPLICATE KEY UPDATE with an
+        update that changes nothing (INSERT IGNORE would also skip, silently, a row that a
+        CHECK constraint refuses). InnoDB's duplicate check locks the holder's index entry
+        until the transaction ends: unlike on PostgreSQL, a duplicate enqueued inside a
+        longer transaction holds back the holder's outcome until that transaction commits.
+        """
+        connection = connections[db]
+        qn = connection.ops.quote_name
+        table = qn(self.model._meta.db_table)
+        now, now_params = now_sql(connection)
+        unique = template.unique_scope is not None
+        names = PER_CALL if unique else PER_CALL[:3]
+        values, params = [], []
+        for result_id, _, args, _, kwargs, key in rows:
+            call = [result_id.hex, args, kwargs, key]
+            per_call = {n: ("%s", [v]) for n, v in zip(names, call, strict=False)}
+            columns, selected, row_params = self._values(
+                connection, template, per_call, now, now_params
+            )
+            values.append(f"({', '.join(selected)})")
+            params += row_params
+        sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join(values)}"
+        if unique:
+            sql += f" ON DUPLICATE KEY UPDATE {qn('id')} = {qn('id')}"
+        field = self.model._meta.get_field("result_id")  # char(32), or MariaDB's uuid
+        sent = [field.get_db_prep_value(row[0], connection) for row in rows]
+        with transaction.atomic(using=db), connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            marks = ", ".join(["%s"] * len(sent))
+            cursor.execute(
+                f"SELECT `id`, `result_id`, `run_after`, `enqueued_at` FROM {table} "
+                f"WHERE `result_id` IN ({marks})",
+                sent,
+            )
+            returned = cursor.fetchall()
+            held: dict[str, int] = {}
+            if lock_held and len(returned) < len(rows):
+                scope = UniqueScope(cast(str, template.unique_scope))
+                keys = [row[5] for row in rows]
+                holders = self.using(db).filter(HOLDS_KEY[scope], unique_key__in=keys)
+                locked = holders.select_for_update().values_list("unique_key", "pk")
+                held = {cast(str, key): pk for key, pk in locked}
+        written = {uuid.UUID(str(result_id)).hex: pk for pk, result_id, _, _ in returned}
+        times = (template.run_after, template.enqueued_at)
+        if returned:
+            times = returned[0][2:]
+        meta = self.model._meta
+        run_after = from_db(connection, meta.get_field("run_after"), times[0])
+        enqueued_at = from_db(connection, meta.get_field("enqueued_at"), times[1])
+        return written, held, (run_after, enqueued_at)
