@@ -1,6 +1,7 @@
-"""Every Python snippet of the README runs as written, so a wrong snippet fails CI.
+"""Every Python snippet of the README and of the guides (docs/**/*.md) runs as written, so
+a wrong snippet fails CI.
 
-Each ```python block is preceded by a marker, an HTML comment the rendered README hides:
+Each ```python block is preceded by a marker, an HTML comment the rendered page hides:
 
     <!-- snippet: settings -->          project settings: a fresh project's settings (with
                                         the Installation snippet's) plus this block, then
@@ -9,12 +10,20 @@ Each ```python block is preceded by a marker, an HTML comment the rendered READM
     <!-- snippet: settings; stubs: a.tasks.x b.tasks.y -->
                                         the same, with stub @task functions at those paths
                                         (in installed apps) for the tasks the block names
+    <!-- snippet: settings; alone -->   the same without the Installation snippet's settings
+                                        (another backend's, for comparison)
     <!-- snippet: tasks -->             an app's tasks.py: imported in such a project by
                                         workers' discovery, then `check`
+    <!-- snippet: tasks: shop -->       the same, as the tasks.py of an app named `shop`
+    <!-- snippet: shell; with: shop --> a script run in such a project once migrated (SQLite),
+                                        the same page's `tasks: shop` block as shop/tasks.py
+    <!-- snippet: tested: tests/x.py -->
+                                        run as written by that test file, which reads it here
     <!-- snippet: fragment: why -->     not runnable alone (it uses names from the reader's
                                         code): skipped, saying why
 
-In the settings, `[..., x]` stands for the project's own entries: `[*NAME, x]`.
+In the settings, `[..., x]` stands for the project's own entries: `[*NAME, x]`. Relative
+links of these pages must lead to a file, and to a heading of it when they name one.
 """
 
 import re
@@ -27,25 +36,42 @@ import pytest
 
 from tests.conftest import ROOT
 
+# A block may be indented (inside a list item), its marker with it.
 BLOCK = re.compile(
-    r"^(?:<!-- snippet: (?P<marker>.*?) -->\n)?```python\n(?P<code>.*?)^```", re.M | re.S
+    r"^(?:[ ]*<!-- snippet: (?P<marker>.*?) -->\n)?[ ]*```python\n(?P<code>.*?)^[ ]*```",
+    re.M | re.S,
 )
 INSTALLATION = "Installation"  # the section whose settings snippet every project starts from
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 
-def snippets():
-    text = (ROOT / "README.md").read_text()
+def page_snippets(path: Path) -> list[tuple[str, str | None, str]]:
+    """(where, marker, code) of each ```python block of the page at `path`."""
+    text = path.read_text()
     found = []
     for match in BLOCK.finditer(text):
         line = text[: match.start("code")].count("\n")
-        found.append((line, match["marker"], match["code"]))
+        code = textwrap.dedent(match["code"])
+        found.append((f"{path.relative_to(ROOT)}:{line}", match["marker"], code))
     return found
+
+
+def snippets() -> list[tuple[str, str | None, str]]:
+    return [snippet for path in PAGES for snippet in page_snippets(path)]
+
+
+def snippet_run_by(page: str, test_file: str) -> str:
+    """The code of the one block of `page` that `test_file` runs (marker `tested: FILE`)."""
+    (code,) = [
+        code for _, marker, code in page_snippets(ROOT / page) if marker == f"tested: {test_file}"
+    ]
+    return code
 
 
 def installation():
     text = (ROOT / "README.md").read_text()
     section = text[text.index(f"## {INSTALLATION}") :]
-    return next(code for line, marker, code in snippets() if code in section)
+    return next(code for _, _, code in page_snippets(ROOT / "README.md") if code in section)
 
 
 BASE = """
@@ -77,6 +103,7 @@ def send_welcome_email(user_id: int) -> None: ...
 STUB = "\n\n@task\ndef {name}(*args, **kwargs) -> None: ...\n"
 RUN = """
 import logging
+import sys
 
 import django
 from django.core.management import call_command
@@ -89,6 +116,10 @@ disabled = sorted(
     if isinstance(logger, logging.Logger) and logger.disabled
 )
 assert not disabled, f"LOGGING disabled these loggers: {disabled}"
+if len(sys.argv) > 1:  # a shell snippet: run it in the migrated project
+    call_command("migrate", verbosity=0)
+    code = open(sys.argv[1]).read()
+    exec(compile(code, sys.argv[1], "exec"), {"__name__": "__main__"})
 print("snippet ok")
 """
 
@@ -97,7 +128,12 @@ def as_settings(code: str) -> str:
     return re.sub(r"\[\.\.\., ", lambda _: "[*INSTALLED_APPS, ", code)
 
 
-def make_project(tmp_path: Path, settings: list[str], stubs: list[str], tasks: str | None) -> None:
+def make_project(
+    tmp_path: Path, settings: list[str], stubs: list[str], tasks: dict[str, str]
+) -> None:
+    """A project in tmp_path: BASE plus `settings`, with stub tasks at the `stubs` paths and
+    each {app: tasks.py source} of `tasks`."""
+
     def package(name: str, tasks_source: str) -> None:
         (tmp_path / name).mkdir(exist_ok=True)
         (tmp_path / name / "__init__.py").touch()
@@ -112,23 +148,25 @@ def make_project(tmp_path: Path, settings: list[str], stubs: list[str], tasks: s
             app, ("" if app in apps else "from django.tasks import task\n") + STUB.format(name=name)
         )
         apps.append(app)
-    if tasks is not None:
-        package("snippet_code", tasks)
-        apps.append("snippet_code")
+    for app, source in tasks.items():
+        package(app, source)
+        apps.append(app)
     source = BASE.format(db=str(tmp_path / "db.sqlite3")) + "\n".join(settings)
     source += f"\nINSTALLED_APPS = [*INSTALLED_APPS, *{sorted(set(apps))!r}]\n"
+    # A page may name an app the Installation snippet installed already.
+    source += "INSTALLED_APPS = list(dict.fromkeys(INSTALLED_APPS))\n"
     (tmp_path / "snippet_settings.py").write_text(source)
     (tmp_path / "run_snippet.py").write_text(RUN)
 
 
-def run_project(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+def run_project(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {
         "PATH": "/usr/bin:/bin",
         "DJANGO_SETTINGS_MODULE": "snippet_settings",
         "PYTHONPATH": f"{tmp_path}:{ROOT}",
     }
     return subprocess.run(
-        [sys.executable, str(tmp_path / "run_snippet.py")],
+        [sys.executable, str(tmp_path / "run_snippet.py"), *args],
         cwd=tmp_path,
         env=env,
         capture_output=True,
@@ -137,32 +175,85 @@ def run_project(tmp_path: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_every_python_snippet_is_marked():
-    unmarked = [line for line, marker, _code in snippets() if marker is None]
+def named_tasks(where: str, apps: list[str]) -> dict[str, str]:
+    """The `tasks: APP` blocks of the page of `where`, for each of `apps`."""
+    page = ROOT / where.rpartition(":")[0]
+    found = {
+        marker.removeprefix("tasks:").strip(): code
+        for _, marker, code in page_snippets(page)
+        if marker and marker.startswith("tasks:")
+    }
+    missing = sorted(set(apps) - set(found))
+    assert not missing, f"{where}: no `tasks: APP` block on the page for {missing}"
+    return {app: found[app] for app in apps}
 
-    assert unmarked == [], f"README.md lines {unmarked}: mark each ```python block (see above)"
+
+def test_every_python_snippet_is_marked():
+    unmarked = [where for where, marker, _code in snippets() if marker is None]
+
+    assert unmarked == [], f"{unmarked}: mark each ```python block (see above)"
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("line", "marker", "code"), snippets(), ids=[f"line-{line}" for line, *_ in snippets()]
-)
-def test_snippet_runs_as_written(tmp_path, line, marker, code):
+@pytest.mark.parametrize(("where", "marker", "code"), snippets(), ids=[s[0] for s in snippets()])
+def test_snippet_runs_as_written(tmp_path, where, marker, code):
+    if (marker or "").startswith("fragment:"):
+        pytest.skip(f"{where}: {marker.removeprefix('fragment:').strip()}")
     kind, _, rest = (marker or "").partition(";")
-    if kind.startswith("fragment"):
-        pytest.skip(f"README.md line {line}: {kind}")
-    stubs = rest.strip().removeprefix("stubs:").split() if rest else []
-    if kind == "settings":
-        settings = [as_settings(installation())]
-        if code != installation():
-            settings.append(as_settings(code))
-        make_project(tmp_path, settings, stubs, None)
+    kind, _, name = kind.partition(":")
+    options = dict(option.strip().partition(":")[::2] for option in rest.split(";") if option)
+    stubs = options.get("stubs", "").split()
+    base = [] if "alone" in options else [as_settings(installation())]
+    args = []
+    if kind == "tested":
+        test_file = ROOT / name.strip()
+        assert test_file.exists(), f"{where}: {name.strip()} does not exist"
+        assert where.rpartition(":")[0] in test_file.read_text(), f"{test_file} does not read it"
+        pytest.skip(f"{where}: run by {name.strip()}")
+    elif kind == "settings":
+        settings = base + ([as_settings(code)] if code != installation() else [])
+        make_project(tmp_path, settings, stubs, {})
     elif kind == "tasks":
-        make_project(tmp_path, [as_settings(installation())], stubs, textwrap.dedent(code))
+        make_project(tmp_path, base, stubs, {name.strip() or "snippet_code": code})
+    elif kind == "shell":
+        apps = options.get("with", "").split()
+        make_project(tmp_path, base, stubs, named_tasks(where, apps))
+        (tmp_path / "shell_snippet.py").write_text(code)
+        args = [str(tmp_path / "shell_snippet.py")]
     else:
-        pytest.fail(f"README.md line {line}: unknown snippet marker {marker!r}")
+        pytest.fail(f"{where}: unknown snippet marker {marker!r}")
 
-    done = run_project(tmp_path)
+    done = run_project(tmp_path, *args)
 
-    assert done.returncode == 0, f"README.md line {line}:\n{code}\n{done.stdout}{done.stderr}"
+    assert done.returncode == 0, f"{where}:\n{code}\n{done.stdout}{done.stderr}"
     assert "snippet ok" in done.stdout
+
+
+HEADING = re.compile(r"^#+ (.*)$", re.M)
+LINK = re.compile(r"\]\((?!https?:|mailto:)([^)#\s]*)(?:#([^)\s]*))?\)")
+
+
+def anchor(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def page_links() -> list[tuple[str, str, str]]:
+    """(page, target, fragment) of each relative link of the pages."""
+    return [
+        (str(page.relative_to(ROOT)), target, fragment or "")
+        for page in PAGES
+        for target, fragment in LINK.findall(page.read_text())
+    ]
+
+
+@pytest.mark.parametrize(("page", "target", "fragment"), page_links())
+def test_relative_links_lead_somewhere(page, target, fragment):
+    path = (ROOT / page).parent / target if target else ROOT / page
+    assert path.exists(), f"{page}: the link to {target} leads to no file"
+    if fragment and path.suffix == ".md":
+        anchors = {
+            anchor(h)
+            for h in HEADING.findall(re.sub(r"```.*?```", "", path.read_text(), flags=re.S))
+        }
+        assert fragment in anchors, f"{page}: {target}#{fragment} names no heading of {target}"
