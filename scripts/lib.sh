@@ -258,10 +258,10 @@ apt_install() {
     if [[ " $* " == *" postgresql"* ]]; then
         mkdir -p "${conf%/*}" && echo 'create_main_cluster = false' >"$conf"
     fi
-    # Likewise the pgbouncer package starts a system service on port 6432: a
-    # policy-rc.d that refuses service starts (unless one is there) stops it.
+    # Likewise the pgbouncer and mariadb-server packages start system services (ports 6432
+    # and 3306): a policy-rc.d that refuses service starts (unless one is there) stops them.
     local policy=/usr/sbin/policy-rc.d made_policy=""
-    if [[ " $* " == *" pgbouncer "* && ! -e $policy ]]; then
+    if [[ " $* " == *" pgbouncer "* || " $* " == *" mariadb-server "* ]] && [[ ! -e $policy ]]; then
         printf '#!/bin/sh\n# Added by django-jobstate scripts/lib.sh apt_install\nexit 101\n' \
             >"$policy" && chmod 755 "$policy" && made_policy=1
     fi
@@ -610,6 +610,22 @@ mysql_start() {
     export JOBSTATE_MYSQL_HOST=127.0.0.1 JOBSTATE_MYSQL_PORT="$port" \
         JOBSTATE_MYSQL_USER=jobstate JOBSTATE_MYSQL_PASSWORD=jobstate
     _log "MariaDB ready on 127.0.0.1:$port (user jobstate, password jobstate)"
+}
+
+# ensure_mysqlclient_build_deps: the C library and tools mysqlclient (Django's recommended
+# MySQL driver, built from source on Linux) needs, installed with apt-get when missing.
+ensure_mysqlclient_build_deps() {
+    if pkg-config --exists mysqlclient 2>/dev/null || pkg-config --exists libmariadb 2>/dev/null; then
+        if command -v gcc >/dev/null 2>&1; then return 0; fi
+    fi
+    if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
+        _log "Installing mysqlclient's build dependencies with apt-get (libmariadb-dev, pkg-config, gcc)."
+        apt_install libmariadb-dev pkg-config gcc libc6-dev || return 1
+        return 0
+    fi
+    _err "mysqlclient needs pkg-config, a C compiler and libmariadb (or libmysqlclient) headers:" \
+        "install them (e.g. \`sudo apt-get install libmariadb-dev pkg-config gcc\`) and try again."
+    return 1
 }
 
 # _mysql_ctl_script DIR SERVER OWNER PORT: print the server's control script (what

@@ -138,14 +138,26 @@ def run_racers(commands: list[list[str]]) -> list[object]:
 
 
 @pytest.hookimpl(trylast=True)  # after pytest-django's order (database tests first)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On SQLite the benchmark smoke test runs first; on PostgreSQL it stays near the end.
 
-    scripts/test runs the two passes side by side: this way their two benchmarks, which
-    drain jobs as fast as the machine goes, do not run at the same time.
+    scripts/test runs the passes side by side: this way their benchmarks, which drain jobs
+    as fast as the machine goes, do not run at the same time.
+
+    JOBSTATE_SLOW_ONLY_IN="test_a.py test_b.py" (scripts/test's MariaDB pass) deselects the
+    slow tests of every other file.
     """
     if os.environ.get("JOBSTATE_TEST_DB", "sqlite") == "sqlite":
         items.sort(key=lambda item: item.module.__name__ != "tests.test_bench_smoke")
+    if (only_in := os.environ.get("JOBSTATE_SLOW_ONLY_IN")) is not None:
+        files = set(only_in.split())
+        kept, dropped = [], []
+        for item in items:
+            slow = item.get_closest_marker("slow") is not None
+            (dropped if slow and item.path.name not in files else kept).append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
 
 
 @pytest.fixture
