@@ -5,6 +5,7 @@ import json
 from datetime import timedelta
 
 import pytest
+from django.core.management import call_command
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
@@ -107,3 +108,17 @@ def test_times_are_utc_with_microseconds_whatever_the_session_time_zone():
     for moment in (stored.enqueued_at, stored.run_after, claimed.started_at):
         assert before - slack <= moment <= after + slack
     assert {stored.enqueued_at.microsecond, claimed.started_at.microsecond} != {0}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0009_goes_back_and_forth():
+    def indexes() -> set[str]:
+        with connection.cursor() as cursor:
+            return set(connection.introspection.get_constraints(cursor, Job._meta.db_table))
+
+    applied = indexes()
+    for _ in range(2):
+        call_command("migrate", "django_jobstate", "0008", verbosity=0)
+        assert CLAIM_ORDER not in indexes()
+        call_command("migrate", "django_jobstate", verbosity=0)
+        assert indexes() == applied
