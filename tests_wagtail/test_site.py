@@ -1,0 +1,176 @@
+"""A Wagtail 8 site on JobStateBackend, with no task setting: pages and images published,
+edited and deleted through Wagtail's Python API and its admin, a real `runjobs` process
+draining what Wagtail enqueued, then Wagtail's own effects checked (search, the reference
+index, the frontend cache purge, files deleted from storage)."""
+
+from pathlib import Path
+
+import pytest
+from django.conf import settings
+from django.core.management import call_command
+from django.urls import reverse
+from wagtail.models import Page, ReferenceIndex
+from wagtail.test.utils.form_data import inline_formset, nested_form_data, rich_text, streamfield
+
+from django_jobstate.models import Job
+from django_jobstate.states import FailureReason, State
+from tests_wagtail.conftest import assert_no_job_failed, png
+from tests_wagtail.home.cache import purged_file
+from tests_wagtail.home.models import ArticlePage
+
+# serialized_rollback: the flush after each test would delete the root page and the default
+# site that Wagtail's migrations create; each test starts with them restored.
+pytestmark = pytest.mark.django_db(transaction=True, serialized_rollback=True)
+
+SEARCH = "modelsearch.tasks.insert_or_update_object_task"  # through wagtail.search.tasks
+REFERENCES = "wagtail.tasks.update_reference_index_task"
+PURGE = "wagtail.contrib.frontend_cache.tasks.purge_urls_from_cache_task"
+DELETE_FILE = "wagtail.tasks.delete_file_from_storage_task"
+
+
+def found(word: str) -> list[Page]:
+    return list(ArticlePage.objects.live().search(word))
+
+
+def references_from(page: Page) -> set[tuple[str, str, str]]:
+    """(the field it is in, the model linked to, its pk) for each reference the index lists."""
+    return {
+        (ref.content_path.partition(".")[0], ref.to_content_type.model, ref.to_object_id)
+        for ref in ReferenceIndex.get_references_for_object(page)
+    }
+
+
+def test_the_site_has_no_task_setting():
+    assert settings.TASKS == {"default": {"BACKEND": "django_jobstate.backend.JobStateBackend"}}
+    assert [name for name in dir(settings) if name.startswith("JOBSTATE_")] == []
+    call_command("check", fail_level="WARNING")  # W004 (a task no worker would run) included
+
+
+def test_publish_edit_and_delete_a_page_and_an_image(site_root, make_image, runjobs):
+    image = make_image()
+    # A rendition of our own making: Wagtail's get_rendition() leaves a temporary file open,
+    # a ResourceWarning that fails the test. Deleting the image deletes it and its file.
+    rendition = image.renditions.create(
+        filter_spec="fill-16x16", file=png("rendition.png", (16, 16)), width=16, height=16
+    )
+    files = [Path(image.file.path), Path(rendition.file.path)]
+    target = site_root.add_child(instance=ArticlePage(title="Target", slug="target"))
+    page = site_root.add_child(
+        instance=ArticlePage(
+            title="Article",
+            slug="article",
+            live=False,
+            intro=f'<p>See <a linktype="page" id="{target.pk}">the target</a>.</p>',
+            body=[("paragraph", "<p>Ferries to zanzibar</p>"), ("related", target)],
+        )
+    )
+    page.body.append(("image", image))
+    page.save_revision().publish()
+    assert found("zanzibar") == []  # Wagtail indexes in a task: not done yet
+
+    runjobs.drain()
+
+    assert_no_job_failed()
+    paths = set(Job.objects.values_list("task_path", flat=True))
+    assert {SEARCH, REFERENCES, PURGE} <= paths
+    assert found("zanzibar") == [page]
+    assert references_from(page) == {
+        ("intro", "page", str(target.pk)),
+        ("body", "page", str(target.pk)),
+        ("body", "image", str(image.pk)),
+    }
+    assert "http://localhost/article/\n" in purged_file().read_text()
+
+    page.intro = "<p>No link now.</p>"
+    page.body = [("paragraph", "<p>Ferries to madagascar</p>")]
+    page.save_revision().publish()
+    runjobs.drain()
+
+    assert_no_job_failed()
+    assert (found("madagascar"), found("zanzibar")) == ([page], [])
+    assert references_from(page) == set()
+
+    page.delete()  # Wagtail unindexes a deleted page at once, without a task
+    image.delete()  # its file goes in a task, and its rendition's
+    assert Job.objects.filter(task_path=DELETE_FILE).count() == 2
+    assert all(f.exists() for f in files)
+    runjobs.drain()
+
+    assert_no_job_failed()
+    assert (found("madagascar"), ReferenceIndex.get_references_to(target).count()) == ([], 0)
+    assert [f for f in files if f.exists()] == []
+
+
+def test_the_jobs_of_an_image_deleted_at_once_fail_harmlessly(make_image, runjobs):
+    """As the README says: Wagtail's index tasks look their object up, and it is gone."""
+    image = make_image("gone")
+    args = ("wagtailimages", "image", str(image.pk))
+    image.delete()
+    runjobs.drain()
+
+    failed = Job.objects.filter(state=State.FAILED).exclude(failure_reason=FailureReason.RELEASED)
+    assert {(job.task_path, tuple(job.args)) for job in failed} == {
+        (SEARCH, args),
+        (REFERENCES, args),
+    }
+    assert {job.error_message for job in failed} == {"Image matching query does not exist."}
+    assert Job.objects.filter(task_path=DELETE_FILE, state=State.SUCCEEDED).exists()
+
+
+def test_pages_saved_in_the_admin(site_root, make_image, runjobs, client, django_user_model):
+    """Wagtail's page editor: each save enqueues Wagtail's tasks in the request (a backend
+    refusing them answered 500), and the worker runs them."""
+    client.force_login(django_user_model.objects.create_superuser("admin", "a@example.com", "pw"))
+    image = make_image()
+    target = site_root.add_child(instance=ArticlePage(title="Target", slug="target"))
+
+    def form(body_html: str, intro: str = "") -> dict[str, str]:
+        return nested_form_data(
+            {
+                "title": "Saved in the admin",
+                "slug": "in-the-admin",
+                "intro": rich_text(intro),
+                "body": streamfield(
+                    [
+                        ("paragraph", rich_text(body_html)),
+                        ("related", target.pk),
+                        ("image", image.pk),
+                    ]
+                ),
+                "comments": inline_formset([]),
+                "action-publish": "publish",
+            }
+        )
+
+    added = client.post(
+        reverse("wagtailadmin_pages:add", args=("home", "articlepage", site_root.pk)),
+        form("<p>Lighthouses of tasmania</p>"),
+    )
+    assert added.status_code == 302, added.content.decode()[:3000]
+    page = ArticlePage.objects.get(slug="in-the-admin")
+    assert page.live
+    runjobs.drain()
+
+    assert_no_job_failed()
+    assert found("tasmania") == [page]
+    assert references_from(page) == {
+        ("body", "page", str(target.pk)),
+        ("body", "image", str(image.pk)),
+    }
+
+    edited = client.post(
+        reverse("wagtailadmin_pages:edit", args=(page.pk,)), form("<p>Lighthouses of patagonia</p>")
+    )
+    assert edited.status_code == 302, edited.content.decode()[:3000]
+    runjobs.drain()
+
+    assert_no_job_failed()
+    assert (found("patagonia"), found("tasmania")) == ([page], [])
+
+    deleted = client.post(reverse("wagtailimages:delete", args=(image.pk,)))
+    assert deleted.status_code == 302, deleted.content.decode()[:3000]
+    runjobs.drain()
+
+    assert_no_job_failed()
+    assert not Path(settings.MEDIA_ROOT, image.file.name).exists()
+    assert Job.objects.filter(task_path=DELETE_FILE).exists()
