@@ -100,21 +100,44 @@ def test_publish_edit_and_delete_a_page_and_an_image(site_root, make_image, runj
     assert (found("madagascar"), ReferenceIndex.get_references_to(target).count()) == ([], 0)
     assert [f for f in files if f.exists()] == []
 
-
-def test_the_jobs_of_an_image_deleted_at_once_fail_harmlessly(make_image, runjobs):
-    """As the README says: Wagtail's index tasks look their object up, and it is gone."""
-    image = make_image("gone")
-    args = ("wagtailimages", "image", str(image.pk))
-    image.delete()
+    # As the README says: an object deleted before its index jobs ran fails them, harmlessly
+    # (Wagtail's tasks look it up, and it is gone; Wagtail unindexed it at the delete).
+    gone = make_image("gone")
+    args = ("wagtailimages", "image", str(gone.pk))
+    gone.delete()
     runjobs.drain()
 
     failed = Job.objects.filter(state=State.FAILED).exclude(failure_reason=FailureReason.RELEASED)
-    assert {(job.task_path, tuple(job.args)) for job in failed} == {
-        (SEARCH, args),
-        (REFERENCES, args),
+    assert {(job.task_path, tuple(job.args), job.error_message) for job in failed} == {
+        (SEARCH, args, "Image matching query does not exist."),
+        (REFERENCES, args, "Image matching query does not exist."),
     }
-    assert {job.error_message for job in failed} == {"Image matching query does not exist."}
-    assert Job.objects.filter(task_path=DELETE_FILE, state=State.SUCCEEDED).exists()
+
+
+def test_the_test_settings_backends_run_or_keep_wagtails_tasks(site_root, settings):
+    """A Wagtail site's test settings: ImmediateBackend runs its tasks at once, as Wagtail's
+    default does; DummyBackend keeps them, unrun. No job row either way."""
+    from django_jobstate.tasksapi import default_task_backend
+
+    settings.TASKS = {"default": {"BACKEND": "django_jobstate.backend.ImmediateBackend"}}
+    ran = site_root.add_child(
+        instance=ArticlePage(title="Ran", slug="ran", body=[("paragraph", "<p>wombat</p>")])
+    )
+    assert found("wombat") == [ran]
+
+    settings.TASKS = {"default": {"BACKEND": "django_jobstate.backend.DummyBackend"}}
+    kept = site_root.add_child(
+        instance=ArticlePage(title="Kept", slug="kept", body=[("paragraph", "<p>wallaby</p>")])
+    )
+    assert found("wallaby") == []
+    assert {result.task.module_path for result in default_task_backend.results} == {
+        SEARCH,
+        REFERENCES,
+    }
+    assert [r.args for r in default_task_backend.results if r.task.module_path == SEARCH] == [
+        ["home", "articlepage", str(kept.pk)]
+    ]
+    assert not Job.objects.exists()
 
 
 def test_pages_saved_in_the_admin(site_root, make_image, runjobs, client, django_user_model):
