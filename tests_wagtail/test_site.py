@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 from django.core.management import call_command
+from django.db import transaction
 from django.urls import reverse
 from wagtail.models import Page, ReferenceIndex
 from wagtail.test.utils.form_data import inline_formset, nested_form_data, rich_text, streamfield
@@ -90,21 +91,23 @@ def test_publish_edit_and_delete_a_page_and_an_image(site_root, make_image, runj
     assert (found("madagascar"), found("zanzibar")) == ([page], [])
     assert references_from(page) == set()
 
+    assert all(f.exists() for f in files)
     page.delete()  # Wagtail unindexes a deleted page at once, without a task
     image.delete()  # its file goes in a task, and its rendition's
-    assert Job.objects.filter(task_path=DELETE_FILE).count() == 2
-    assert all(f.exists() for f in files)
     runjobs.drain()
 
     assert_no_job_failed()
     assert (found("madagascar"), ReferenceIndex.get_references_to(target).count()) == ([], 0)
+    deleted = Job.objects.filter(task_path=DELETE_FILE).values_list("args", flat=True)
+    assert sorted(args[1] for args in deleted) == sorted([image.file.name, rendition.file.name])
     assert [f for f in files if f.exists()] == []
 
     # As the README says: an object deleted before its index jobs ran fails them, harmlessly
     # (Wagtail's tasks look it up, and it is gone; Wagtail unindexed it at the delete).
-    gone = make_image("gone")
-    args = ("wagtailimages", "image", str(gone.pk))
-    gone.delete()
+    with transaction.atomic():  # its jobs are seen by the worker once it is gone
+        gone = make_image("gone")
+        args = ("wagtailimages", "image", str(gone.pk))
+        gone.delete()
     runjobs.drain()
 
     failed = Job.objects.filter(state=State.FAILED).exclude(failure_reason=FailureReason.RELEASED)
