@@ -216,6 +216,35 @@ ensure_matrix_venv() {
     echo "$venv"
 }
 
+# ensure_wagtail_venv: make $JOBSTATE_ROOT/.venv-matrix/wagtail, the Wagtail stage's
+# environment (scripts/test-wagtail): Python 3.13, the package (editable), the test group and
+# Wagtail 8.0.x, and print its path. Django is the one pip resolves for Wagtail and the package
+# together (6.1 today: the stage prints it); Wagtail brings the django-tasks backport. A stamp
+# records pyproject.toml, the Python and the pin: it installs again only when one changes.
+ensure_wagtail_venv() {
+    local pyver=3.13 spec="wagtail==8.0.*" venv="$JOBSTATE_ROOT/.venv-matrix/wagtail" stamp want py
+    stamp="$venv/.jobstate-stamp"
+    want="pyproject $(_sha256 <"$JOBSTATE_ROOT/pyproject.toml") python$pyver $spec" || return 1
+    if [[ -x $venv/bin/python ]] && _python_is "$venv/bin/python" "$pyver"; then
+        if [[ -f $stamp && $(<"$stamp") == "$want" ]]; then
+            echo "$venv"
+            return 0
+        fi
+    else
+        py=$(find_python "$pyver") || return 1
+        rm -rf "$venv" || return 1
+        _log "Creating $venv with $py ($(_python_version "$py"))"
+        "$py" -m venv "$venv" || return 1
+    fi
+    _log "Installing django-jobstate (editable), the test group and $spec into $venv"
+    rm -f "$stamp"
+    "$venv/bin/python" -m pip install -q -U pip >&2 || return 1
+    (cd "$JOBSTATE_ROOT" && "$venv/bin/python" -m pip install -q -e . --group test "$spec") >&2 ||
+        return 1
+    echo "$want" >"$stamp" || return 1
+    echo "$venv"
+}
+
 # ---------------------------------------------------------------- PostgreSQL
 
 # Print the bin dir of a PostgreSQL server install (initdb, pg_ctl, postgres).

@@ -39,6 +39,8 @@ UNIQUE = {
 # The claim's order within a queue (managers/claim.py), state first: the index holds
 # every row, and a claim reads the queued range of one queue.
 CLAIM_ORDER = "jobstate_job_claim_order"
+# The plain index of the foreign key to the previous attempt, once 0009 is reversed.
+PREVIOUS = "jobstate_job_previous"
 
 
 def create(apps, schema_editor):
@@ -50,11 +52,16 @@ def create(apps, schema_editor):
         columns = ", ".join(f"`{c}`" for c in [column, *more])
         parts.append(f"ADD COLUMN `{column}` varchar(255) AS ({expression}) VIRTUAL")
         parts.append(f"ADD UNIQUE INDEX `{name}` ({columns})")
-    # NULLs are distinct in a unique index: a plain one is the conditional one's twin.
+    # NULLs are distinct in a unique index: a plain one is the conditional one's twin (and
+    # serves the foreign key to the previous attempt, in place of the index a reverse
+    # migration left for it).
     parts.append("ADD UNIQUE INDEX `jobstate_job_one_next_attempt` (`previous_id`)")
+    if PREVIOUS in schema_editor.connection.introspection.get_constraints(
+        schema_editor.connection.cursor(), apps.get_model("django_jobstate", "Job")._meta.db_table
+    ):
+        parts.append(f"DROP INDEX `{PREVIOUS}`")
     parts.append(
-        f"ADD INDEX `{CLAIM_ORDER}` "
-        "(`state`, `queue_name`, `priority` DESC, `run_after`, `id`)"
+        f"ADD INDEX `{CLAIM_ORDER}` (`state`, `queue_name`, `priority` DESC, `run_after`, `id`)"
     )
     schema_editor.execute(f"ALTER TABLE {table} {', '.join(parts)}")
 
@@ -64,6 +71,9 @@ def drop(apps, schema_editor):
         return
     table = schema_editor.quote_name(apps.get_model("django_jobstate", "Job")._meta.db_table)
     parts = [f"DROP INDEX `{name}`" for name in [*UNIQUE, "jobstate_job_one_next_attempt"]]
+    # The foreign key to the previous attempt needs an index; InnoDB dropped the one it made
+    # for it when the unique index above came.
+    parts.append(f"ADD INDEX `{PREVIOUS}` (`previous_id`)")
     parts.append(f"DROP INDEX `{CLAIM_ORDER}`")
     parts += [f"DROP COLUMN `{column}`" for column, _, _ in UNIQUE.values()]
     schema_editor.execute(f"ALTER TABLE {table} {', '.join(parts)}")
