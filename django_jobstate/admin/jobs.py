@@ -1,7 +1,7 @@
 """The admin as an operations console: every job visible, no state written by hand.
 
 States move only through the conditional writes in managers/. No form saves anything;
-the actions (admin_actions.py, admin_retry.py) call those writes.
+the actions (actions.py, retry.py) call those writes.
 
 Permissions: `view_job` shows jobs. `change_job` allows the Retry and Run now actions (the
 job page stays read-only for everyone, superusers included). `delete_job` allows cancelling
@@ -21,8 +21,13 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 
-from . import admin_schedules  # noqa: F401  (registers the Schedule admin)
-from .admin_filters import (
+from ..loading import load_task
+from ..models import Job
+from ..states import State
+from ..stuck import Concern, why_stuck
+from ..task_options import option_sources, with_settings
+from ..tasksapi import InvalidTask
+from .filters import (
     CappedPaginator,
     FailureReasonFilter,
     HasRetriesFilter,
@@ -31,7 +36,7 @@ from .admin_filters import (
     date_navigation,
     state_counts,
 )
-from .admin_page import (
+from .page import (
     JobChangeList,
     attempt_label,
     failure_html,
@@ -40,13 +45,7 @@ from .admin_page import (
     short_datetime,
     stuck_html,
 )
-from .admin_retry import RetryActions
-from .loading import load_task
-from .models import Job
-from .states import State
-from .stuck import Concern, why_stuck
-from .task_options import option_sources, with_settings
-from .tasksapi import InvalidTask
+from .retry import RetryActions
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -286,6 +285,3 @@ class JobAdmin(RetryActions, admin.ModelAdmin):
         if not job.traceback:
             return self.get_empty_value_display()
         return format_html('<pre class="jobstate-pre jobstate-traceback">{}</pre>', job.traceback)
-
-
-from . import admin_queues  # noqa: E402, F401  (registers the Queues page)

@@ -18,7 +18,7 @@ from django.utils import timezone
 from django.utils.functional import cached_property
 from django.utils.translation import gettext_lazy as _
 
-from .states import FailureReason, State
+from ..states import FailureReason, State
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise

@@ -18,10 +18,10 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from .admin_actions import JobActions, attempt_text, state_phrase
-from .exceptions import JobAlreadyEnqueued, LostRace
-from .models import Job
-from .states import LIVE_STATES, FailureReason, State
+from ..exceptions import JobAlreadyEnqueued, LostRace
+from ..models import Job
+from ..states import LIVE_STATES, FailureReason, State
+from .actions import JobActions, attempt_text, state_phrase
 
 # After a retry, the message names this many new attempts, and the list shows up to
 # MAX_LISTED tasks by their result ids (more would not fit in a URL).

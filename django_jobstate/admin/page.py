@@ -15,14 +15,14 @@ from django.utils.safestring import SafeString
 from django.utils.text import Truncator
 from django.utils.translation import gettext as _
 
-from .admin_filters import FAILURE_LABELS, local
-from .conf import get_settings
-from .models import Job
-from .states import LIVE_STATES, FailureReason, State
-from .stuck import Concern, Mark, with_liveness
+from ..conf import get_settings
+from ..models import Job
+from ..states import LIVE_STATES, FailureReason, State
+from ..stuck import Concern, Mark, with_liveness
+from .filters import FAILURE_LABELS, local
 
 if TYPE_CHECKING:
-    from .admin import JobAdmin
+    from .jobs import JobAdmin
 
 
 def format_duration(delta: timedelta) -> str:

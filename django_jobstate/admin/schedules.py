@@ -19,12 +19,12 @@ from django.utils.http import urlencode
 from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
-from .admin_filters import local
-from .models import Job, Schedule
-from .schedule_writes import db_now, enqueue_tick
-from .schedules import Definition, relative
-from .states import State
-from .tasksapi import InvalidTask
+from ..models import Job, Schedule
+from ..schedule_writes import db_now, enqueue_tick
+from ..schedules import Definition, relative
+from ..states import State
+from ..tasksapi import InvalidTask
+from .filters import local
 
 FIELDS = [
     *["name", "task_path", "expression", "enabled", "next_tick", "last_tick", "last_job"],

@@ -1,5 +1,5 @@
 """The job list's actions and a live job's Cancel button (the Retry ones are in
-admin_retry.py): each one the same conditional write a worker uses.
+retry.py): each one the same conditional write a worker uses.
 
 Each reports what it moved, and how many jobs it skipped because the job had moved on
 first (a worker claimed it, another operator got there, ...).
@@ -23,12 +23,12 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
-from .conf import get_settings
-from .dbclock import Now
-from .managers import CancelOutcome
-from .models import Job
-from .querysets import JobQuerySet
-from .states import State
+from ..conf import get_settings
+from ..dbclock import Now
+from ..managers import CancelOutcome
+from ..models import Job
+from ..querysets import JobQuerySet
+from ..states import State
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
