@@ -94,7 +94,7 @@ class JobStateBackend(BaseTaskBackend):
         defaults = get_settings()
         calls = list(calls)
         if defaults.TRACING:
-            from .tracing import producer_span
+            from .telemetry.tracing import producer_span
 
             with producer_span(task, len(calls)) as (span, trace_context):
                 jobs = self._enqueue(task, calls, defaults, trace_context)

@@ -32,11 +32,11 @@ from django.db import close_old_connections
 
 from .attempts import Outcome
 from .exceptions import JobCancelled, JobTimeout
-from .logs import job_fields
 from .models import Job
 from .payload import encode_payload
 from .states import FailureReason
 from .tasksapi import Task, TaskResult
+from .telemetry.logs import job_fields
 from .worker import FLUSH_AFTER
 
 if TYPE_CHECKING:

@@ -33,11 +33,11 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from . import metrics
 from .exceptions import WorkerInterrupted, WorkerLost
 from .ledger import STARTED, Ledger, ledger_size
 from .monitor import Monitor, release, settle
 from .states import FailureReason
+from .telemetry import metrics
 
 if TYPE_CHECKING:
     from .scheduler import SchedulerThread

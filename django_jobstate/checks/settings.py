@@ -19,8 +19,8 @@ from django.core.checks import Warning as CheckWarning
 from django.db import connections, router
 from django.utils.module_loading import import_string
 
-from .backend import DummyBackend, ImmediateBackend, JobStateBackend
-from .conf import LIMIT_NAMES, MAXIMUM, Settings
+from ..backend import DummyBackend, ImmediateBackend, JobStateBackend
+from ..conf import LIMIT_NAMES, MAXIMUM, Settings
 
 DEFAULTS = {f.name: f.default for f in fields(Settings)}
 # The numeric settings, with the types each allows (int, float, None), read from its hint.
@@ -194,7 +194,7 @@ def check_sqlite_time_zone(app_configs: Any = None, **kwargs: Any) -> list[Check
     """
     if not apps.is_installed("django_jobstate") or settings.USE_TZ or _is_utc(settings.TIME_ZONE):
         return []
-    from .models import Job
+    from ..models import Job
 
     return [
         Error(

@@ -11,10 +11,10 @@ from django.apps import apps
 from django.core.checks import CheckMessage, Error, register
 from django.core.checks import Warning as CheckWarning
 
-from .checks import JOBSTATE_BACKENDS, _raw
-from .loading import exposed_task, exposed_tasks, import_errors, is_task_module, load_task
-from .task_options import SETTABLE, validate_options, with_settings
-from .tasksapi import InvalidTask, InvalidTaskBackend, Task, task_backends
+from ..loading import exposed_task, exposed_tasks, import_errors, is_task_module, load_task
+from ..task_options import SETTABLE, validate_options, with_settings
+from ..tasksapi import InvalidTask, InvalidTaskBackend, Task, task_backends
+from .settings import JOBSTATE_BACKENDS, _raw
 
 
 @register()

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from .managers.base import describe_error
+from ..managers.base import describe_error
 
 if TYPE_CHECKING:
-    from .models import Job
-    from .tasksapi import Task
+    from ..models import Job
+    from ..tasksapi import Task
 
 SYSTEM = "django_jobstate"
 tracer = trace.get_tracer("django_jobstate")
