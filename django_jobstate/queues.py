@@ -14,15 +14,12 @@ an alias lists no queues at all (QUEUES = []: it accepts any name).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from django.db import connections, models, router, transaction
+from django.utils.translation import gettext_lazy as _
 
 from .dbclock import Now
 from .wakeup import NOTIFY_QUEUE, queue_payload
-
-if TYPE_CHECKING:
-    from .models import JobQueue
 
 logger = logging.getLogger("django_jobstate")
 
@@ -108,3 +105,29 @@ class JobQueueManager(models.Manager["JobQueue"]):
 
     def paused_names(self) -> set[str]:
         return set(self.paused().values_list("name", flat=True))
+
+
+class JobQueue(models.Model):
+    """A queue an operator paused (or paused once): no worker claims a paused queue's jobs.
+
+    Queues need no row to exist: a queue without one is not paused.
+    """
+
+    name = models.CharField(_("queue"), max_length=100, primary_key=True)
+    paused_at = models.DateTimeField(_("paused at"), null=True, blank=True, editable=False)
+    # Who made the last change (pause or resume), and when: "admin:alice", "cli:deploy", ...
+    changed_by = models.CharField(_("changed by"), max_length=150, blank=True, editable=False)
+    changed_at = models.DateTimeField(_("changed at"), null=True, blank=True, editable=False)
+
+    objects = JobQueueManager()
+
+    class Meta:
+        verbose_name = _("queue")
+        verbose_name_plural = _("queues")
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None
