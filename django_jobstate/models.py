@@ -1,5 +1,5 @@
 """The Job table: one row per attempt of a task (the other tables: heartbeats.py,
-queues.py, schedule_model.py)."""
+queues.py, schedules/model.py)."""
 
 from datetime import timedelta
 
@@ -12,7 +12,7 @@ from django.utils.translation import gettext_lazy as _
 from .heartbeats import WorkerHeartbeat as WorkerHeartbeat
 from .managers import JobManager
 from .queues import JobQueue as JobQueue
-from .schedule_model import Schedule as Schedule
+from .schedules.model import Schedule as Schedule
 from .states import LIVE_STATES, FailureReason, State
 from .uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 

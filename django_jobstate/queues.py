@@ -19,7 +19,7 @@ from django.db import connections, models, router, transaction
 from django.utils.translation import gettext_lazy as _
 
 from .dbclock import Now
-from .wakeup import NOTIFY_QUEUE, queue_payload
+from .runner.wakeup import NOTIFY_QUEUE, queue_payload
 
 logger = logging.getLogger("django_jobstate")
 

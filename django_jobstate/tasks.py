@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schedule_settings import RETENTION_STATES, jobstate_backends
+from .schedules.settings import RETENTION_STATES, jobstate_backends
 from .tasksapi import task
 
 _backends = jobstate_backends()

@@ -23,8 +23,8 @@ from django.utils.translation import gettext_lazy as _
 
 from ..loading import load_task
 from ..models import Job
+from ..runner.stuck import Concern, why_stuck
 from ..states import State
-from ..stuck import Concern, why_stuck
 from ..task_options import option_sources, with_settings
 from ..tasksapi import InvalidTask
 from .filters import (

@@ -17,8 +17,8 @@ from django.utils.translation import gettext as _
 
 from ..conf import get_settings
 from ..models import Job
+from ..runner.stuck import Concern, Mark, with_liveness
 from ..states import LIVE_STATES, FailureReason, State
-from ..stuck import Concern, Mark, with_liveness
 from .filters import FAILURE_LABELS, local
 
 if TYPE_CHECKING:

@@ -20,8 +20,8 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..models import Job, Schedule
-from ..schedule_writes import db_now, enqueue_tick
-from ..schedules import Definition, relative
+from ..schedules.definitions import Definition, relative
+from ..schedules.writes import db_now, enqueue_tick
 from ..states import State
 from ..tasksapi import InvalidTask
 from .filters import local

@@ -20,8 +20,8 @@ from django.db.models.functions import Coalesce
 
 from ..dbclock import Now
 from ..exceptions import JobCancelled, LostRace
+from ..runner.wakeup import NOTIFY_CANCEL
 from ..states import FailureReason, State
-from ..wakeup import NOTIFY_CANCEL
 from .base import Writes, brief_transaction, describe_error, writing
 
 if TYPE_CHECKING:

@@ -15,8 +15,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.fields import NOT_PROVIDED
 
 from ..payload import encode_payload
+from ..runner.wakeup import NOTIFY
 from ..uniqueness import UniqueScope
-from ..wakeup import NOTIFY
 from .base import PER_CALL, from_db, now_sql
 from .unique import EnqueueUnique, Row
 

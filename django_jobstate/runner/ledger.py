@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from ctypes import c_byte, c_double, c_longlong
 from multiprocessing.context import BaseContext
 
-from .conf import get_settings
+from ..conf import get_settings
 
 # A held attempt's mark. HELD: claimed, not started. STARTED: its body may have run.
 # RELEASED: the supervisor took it back before it started; the worker must not start it.

@@ -48,7 +48,7 @@ class Relay(threading.Thread):
         queues: Iterable[str] | None,
         on_cancel: Callable[[], None],
     ) -> None:
-        from .models import Job
+        from ..models import Job
 
         super().__init__(name="jobstate-relay", daemon=True)
         self.context = context

@@ -16,16 +16,16 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import InterfaceError, OperationalError
 
-from .backend import JobStateBackend, load_task, to_task_result
-from .context import JobStateContext
-from .exceptions import JobCancelled, JobTimeout
-from .managers import writing
-from .models import Job
-from .payload import encode_payload
-from .states import FailureReason
-from .task_options import with_settings
-from .tasksapi import InvalidTask, Task, TaskResult, send, task_started
-from .telemetry.logs import job_fields
+from ..backend import JobStateBackend, load_task, to_task_result
+from ..context import JobStateContext
+from ..exceptions import JobCancelled, JobTimeout
+from ..managers import writing
+from ..models import Job
+from ..payload import encode_payload
+from ..states import FailureReason
+from ..task_options import with_settings
+from ..tasksapi import InvalidTask, Task, TaskResult, send, task_started
+from ..telemetry.logs import job_fields
 
 if TYPE_CHECKING:
     from collections.abc import Callable

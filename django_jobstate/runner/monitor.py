@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 
-from .states import FailureReason
+from ..states import FailureReason
 
 if TYPE_CHECKING:
     from .supervisor import Supervisor
@@ -30,7 +30,7 @@ logger = logging.getLogger("django_jobstate.worker")
 
 
 def release(worker_id: str, pks: list[int]) -> None:
-    from .models import Job
+    from ..models import Job
 
     Job.objects.release(worker_id, pks)
 
@@ -42,7 +42,7 @@ def settle(
     error: BaseException,
     timed_out: int | None,
 ) -> None:
-    from .models import Job, WorkerHeartbeat
+    from ..models import Job, WorkerHeartbeat
 
     Job.objects.settle_ended(
         worker_id, started=started, reason=reason, error=error, timed_out=timed_out
@@ -106,7 +106,7 @@ class Monitor(threading.Thread):
             close_connection()
 
     def _write_pending(self, close_connection: Callable[[], None]) -> None:
-        from .managers import connection_lost
+        from ..managers import connection_lost
 
         while self._pending:
             write = self._pending[0]
@@ -134,7 +134,7 @@ class Monitor(threading.Thread):
 
     def finish(self) -> None:
         """Stop once the pending writes are done, or JOBSTATE_LOST_AFTER has passed."""
-        from .conf import get_settings
+        from ..conf import get_settings
 
         self._done.set()
         self._wake.set()

@@ -30,13 +30,13 @@ from typing import TYPE_CHECKING, Any
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 
+from ..exceptions import JobCancelled, JobTimeout
+from ..models import Job
+from ..payload import encode_payload
+from ..states import FailureReason
+from ..tasksapi import Task, TaskResult
+from ..telemetry.logs import job_fields
 from .attempts import Outcome
-from .exceptions import JobCancelled, JobTimeout
-from .models import Job
-from .payload import encode_payload
-from .states import FailureReason
-from .tasksapi import Task, TaskResult
-from .telemetry.logs import job_fields
 from .worker import FLUSH_AFTER
 
 if TYPE_CHECKING:

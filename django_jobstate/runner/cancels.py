@@ -15,10 +15,10 @@ import time
 
 from django.db import DatabaseError
 
-from .conf import get_settings
+from ..conf import get_settings
+from ..models import Job
 from .ledger import Ledger
 from .liveness import close_connection
-from .models import Job
 
 logger = logging.getLogger("django_jobstate.worker")
 

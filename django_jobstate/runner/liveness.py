@@ -21,8 +21,8 @@ import time
 
 from django.db import DatabaseError, connections, router
 
-from .conf import get_settings
-from .models import Job, WorkerHeartbeat
+from ..conf import get_settings
+from ..models import Job, WorkerHeartbeat
 
 logger = logging.getLogger("django_jobstate.worker")
 

@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING
 
 from django.db.models import OuterRef, QuerySet, Subquery
 
-from .conf import Settings, get_settings
-from .dbclock import Now
-from .states import State
+from ..conf import Settings, get_settings
+from ..dbclock import Now
+from ..states import State
 
 if TYPE_CHECKING:
-    from .models import Job
+    from ..models import Job
 
 # A worker that missed this many heartbeats in a row is silent: one late beat is a busy
 # database, three are a worker in trouble (the rescuer waits for JOBSTATE_LOST_AFTER).
@@ -65,7 +65,7 @@ def silent_after(settings: Settings | None = None) -> float:
 
 def with_liveness(jobs: QuerySet[Job]) -> QuerySet[Job]:
     """`jobs`, each with `worker_last_seen` and `db_now` read in the same query."""
-    from .models import WorkerHeartbeat
+    from ..models import WorkerHeartbeat
 
     beats = WorkerHeartbeat.objects.filter(worker_id=OuterRef("worker_id"))
     return jobs.annotate(worker_last_seen=Subquery(beats.values("last_seen")[:1]), db_now=Now())
@@ -79,7 +79,7 @@ def why_stuck(job: Job) -> list[Mark]:
     if job.state != State.RUNNING:
         return []
     if not hasattr(job, "db_now"):
-        from .models import Job
+        from ..models import Job
 
         job = with_liveness(Job.objects.filter(pk=job.pk, state=State.RUNNING)).first() or job
         if not hasattr(job, "db_now"):

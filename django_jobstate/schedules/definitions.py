@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING, Any
 
 from cronsim import CronSim, CronSimError
 
-from .conf import YEAR
+from ..conf import YEAR
 
 if TYPE_CHECKING:
-    from .schedule_model import Schedule
+    from .model import Schedule
 
 # "latest": of the ticks due, only the most recent; "all": every one, oldest first;
 # "none": a tick only when none before it was missed. Each within max_lateness.

@@ -11,10 +11,10 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, register
 
-from .backend import JobStateBackend
-from .loading import load_task
-from .schedules import PRUNE_SCHEDULE, Definition, ScheduleError, parse
-from .tasksapi import InvalidTask, task_backends
+from ..backend import JobStateBackend
+from ..loading import load_task
+from ..tasksapi import InvalidTask, task_backends
+from .definitions import PRUNE_SCHEDULE, Definition, ScheduleError, parse
 
 PRUNE_TASK = "django_jobstate.tasks.prune_jobs"
 # Every key of TASKS[alias]["OPTIONS"] that a JobStateBackend reads (a new option is added
@@ -103,7 +103,7 @@ def option_errors(backend: JobStateBackend) -> list[ScheduleError]:
 
 def retention() -> dict[str, str | float] | None:
     """JOBSTATE_RETENTION, checked: {state: age}, or None (keep every job)."""
-    from .management.commands.prunejobs import age
+    from ..management.commands.prunejobs import age
 
     raw = getattr(settings, "JOBSTATE_RETENTION", None)
     if raw is None:

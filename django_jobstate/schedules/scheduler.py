@@ -33,12 +33,12 @@ from django.db.models import F
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from .managers import connection_lost
-from .models import Job, Schedule
-from .schedule_settings import load
-from .schedule_writes import db_now, enqueue_tick, sync
-from .schedules import Definition, Plan
-from .tasksapi import InvalidTask
+from ..managers import connection_lost
+from ..models import Job, Schedule
+from ..tasksapi import InvalidTask
+from .definitions import Definition, Plan
+from .settings import load
+from .writes import db_now, enqueue_tick, sync
 
 __all__ = ["Scheduler", "SchedulerThread", "db_now", "enqueue_tick", "sync"]
 
@@ -262,7 +262,7 @@ class SchedulerThread(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        from .liveness import close_connection
+        from ..runner.liveness import close_connection
 
         failures = 0
         scheduler = None

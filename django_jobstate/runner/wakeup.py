@@ -35,7 +35,7 @@ from typing import Any
 
 from django.db import connections
 
-from .conf import get_settings
+from ..conf import get_settings
 
 logger = logging.getLogger("django_jobstate.worker")
 

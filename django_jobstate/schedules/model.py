@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from .schedules import CATCH_UP, DEFAULT_MAX_LATENESS
+from .definitions import CATCH_UP, DEFAULT_MAX_LATENESS
 
 
 class Schedule(models.Model):

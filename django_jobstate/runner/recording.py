@@ -17,14 +17,14 @@ from typing import TYPE_CHECKING, TypeVar
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from .backend import JobStateBackend, to_task_result
-from .exceptions import LostRace
-from .managers import connection_lost, describe_error
-from .models import Job
-from .states import State
-from .tasksapi import Task, send, task_finished
-from .telemetry import metrics
-from .telemetry.logs import job_fields
+from ..backend import JobStateBackend, to_task_result
+from ..exceptions import LostRace
+from ..managers import connection_lost, describe_error
+from ..models import Job
+from ..states import State
+from ..tasksapi import Task, send, task_finished
+from ..telemetry import metrics
+from ..telemetry.logs import job_fields
 
 if TYPE_CHECKING:
     from .attempts import Outcome

@@ -19,8 +19,8 @@ from datetime import timedelta
 
 from django.db import DatabaseError, connections
 
-from .dbclock import Now
-from .models import Job, JobQueue
+from ..dbclock import Now
+from ..models import Job, JobQueue
 
 logger = logging.getLogger("django_jobstate.worker")
 

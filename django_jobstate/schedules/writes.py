@@ -12,12 +12,12 @@ from typing import Any
 from django.db import connections, router
 from django.utils import timezone
 
-from .conf import get_settings
-from .loading import load_task
-from .models import Job, Schedule
-from .schedules import Definition
-from .task_options import with_settings
-from .uniqueness import UniqueScope, is_unique, unique_key
+from ..conf import get_settings
+from ..loading import load_task
+from ..models import Job, Schedule
+from ..task_options import with_settings
+from ..uniqueness import UniqueScope, is_unique, unique_key
+from .definitions import Definition
 
 logger = logging.getLogger("django_jobstate.scheduler")
 

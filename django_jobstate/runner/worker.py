@@ -29,17 +29,17 @@ from django.db import (
     router,
 )
 
+from ..conf import get_settings
+from ..managers import ClaimKey, claim_key
+from ..models import Job
+from ..tasksapi import Task
+from ..telemetry import metrics
+from ..telemetry.logs import job_fields
 from .attempts import AttemptRunner
 from .burst import BurstEnd
-from .conf import get_settings
 from .flushing import Flusher
 from .ledger import Ledger, ledger_size
-from .managers import ClaimKey, claim_key
-from .models import Job
 from .recording import OutcomeWriter
-from .tasksapi import Task
-from .telemetry import metrics
-from .telemetry.logs import job_fields
 from .wakeup import Waiter
 from .watchdog import Watchdog
 
@@ -118,7 +118,7 @@ class Worker(AttemptRunner, OutcomeWriter):
         self._rescan_at = 0.0
         self.tracing: Any = None  # tracing.py, with JOBSTATE_TRACING
         if get_settings().TRACING:
-            from .telemetry import tracing
+            from ..telemetry import tracing
 
             self.tracing = tracing
         self._waiter: Waiter | None = None  # run()'s, for claim() to hear of jobs ahead

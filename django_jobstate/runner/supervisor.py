@@ -33,14 +33,14 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
-from .exceptions import WorkerInterrupted, WorkerLost
+from ..exceptions import WorkerInterrupted, WorkerLost
+from ..states import FailureReason
+from ..telemetry import metrics
 from .ledger import STARTED, Ledger, ledger_size
 from .monitor import Monitor, release, settle
-from .states import FailureReason
-from .telemetry import metrics
 
 if TYPE_CHECKING:
-    from .scheduler import SchedulerThread
+    from ..schedules.scheduler import SchedulerThread
 
 # Nothing here imports models at import time: a spawned child imports this module to find
 # run_child before Django is set up.
@@ -271,7 +271,7 @@ class Supervisor:
 
 
 def start_scheduler(name: str) -> SchedulerThread:
-    from .scheduler import SchedulerThread
+    from ..schedules.scheduler import SchedulerThread
 
     thread = SchedulerThread(name)
     thread.start()
@@ -290,7 +290,7 @@ def run_child(
     import django
 
     django.setup()
-    from .receivers import watch_for_dead_peers
+    from ..receivers import watch_for_dead_peers
     from .wakeup import receive_from
     from .worker import Worker
 
