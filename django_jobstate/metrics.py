@@ -1,5 +1,5 @@
-"""The public path of the metrics view (see django_jobstate/telemetry/metrics.py)."""
+"""The public path of the metrics view (see django_jobstate/telemetry/gauges.py)."""
 
-from .telemetry.metrics import metrics_view
+from .telemetry.gauges import metrics_view
 
 __all__ = ["metrics_view"]

@@ -11,7 +11,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from ..models import Job, JobQueue
-from ..queues import known_queues
+from ..queue_names import known_queues
 
 COUNT_CAP = 10_000  # counts stop there, as the job list's do
 

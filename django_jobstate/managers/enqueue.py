@@ -14,8 +14,8 @@ from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.fields import NOT_PROVIDED
 
+from ..notify import NOTIFY
 from ..payload import encode_payload
-from ..runner.wakeup import NOTIFY
 from ..uniqueness import UniqueScope
 from .base import PER_CALL, from_db, now_sql
 from .unique import EnqueueUnique, Row

@@ -16,7 +16,7 @@ from django.db.models.expressions import RawSQL
 from ..conf import get_settings
 from ..dbclock import Now
 from ..exceptions import JobAlreadyEnqueued, LostRace
-from ..runner.wakeup import NOTIFY_QUEUE, queue_payload
+from ..notify import NOTIFY_QUEUE, queue_payload
 from ..states import FailureReason, State, check_transition
 from ..telemetry.logs import job_fields
 from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope

@@ -14,11 +14,11 @@ from django.db.models import Exists
 
 from ..conf import get_settings
 from ..dbclock import Now
-from ..exceptions import JobCancelled, LostRace, WorkerLost
+from ..exceptions import JobCancelled, LostRace, WorkerLost, describe_error
 from ..states import FailureReason
 from ..telemetry import metrics
 from ..telemetry.logs import job_fields
-from .base import brief_transaction, connection_lost, describe_error, logger, timeout_error
+from .base import brief_transaction, connection_lost, logger, timeout_error
 from .outcomes import Outcomes
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ import time
 from django.db import DatabaseError
 
 from ..conf import get_settings
+from ..managers import close_connection
 from ..models import Job
 from .ledger import Ledger
-from .liveness import close_connection
 
 logger = logging.getLogger("django_jobstate.worker")
 

@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING
 
 from django.db import connections
 
+# The longest a finished success waits unwritten (worker.py's batches).
+FLUSH_AFTER = 0.05
+
 if TYPE_CHECKING:
     from .attempts import Outcome
 

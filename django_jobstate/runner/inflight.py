@@ -37,7 +37,7 @@ from ..states import FailureReason
 from ..tasksapi import Task, TaskResult
 from ..telemetry.logs import job_fields
 from .attempts import Outcome
-from .worker import FLUSH_AFTER
+from .flushing import FLUSH_AFTER
 
 if TYPE_CHECKING:
     from .wakeup import Waiter

@@ -19,9 +19,10 @@ import logging
 import socket
 import time
 
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError
 
 from ..conf import get_settings
+from ..managers import close_connection
 from ..models import Job, WorkerHeartbeat
 
 logger = logging.getLogger("django_jobstate.worker")
@@ -90,8 +91,3 @@ class Pulse:
             close_connection()
             return 0
         return rescued
-
-
-def close_connection() -> None:
-    """Drop this thread's connection to the jobs' database, so the next use reconnects."""
-    connections[router.db_for_write(Job)].close()

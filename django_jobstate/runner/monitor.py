@@ -79,8 +79,9 @@ class Monitor(threading.Thread):
         self._wake.set()
 
     def run(self) -> None:
+        from ..managers import close_connection
         from .cancels import pass_cancel_requests
-        from .liveness import Pulse, close_connection
+        from .liveness import Pulse
 
         pulse = Pulse(f"Supervisor {self.supervisor.base_id}")
         interval = pulse.settings.HEARTBEAT_INTERVAL

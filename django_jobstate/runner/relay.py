@@ -28,7 +28,8 @@ from typing import Any
 
 from django.db import connections, router
 
-from .wakeup import CANCEL_CHANNEL, CHANNEL, listen, queue_payload, serves
+from ..notify import CANCEL_CHANNEL, CHANNEL, queue_payload, serves
+from .wakeup import listen
 
 logger = logging.getLogger("django_jobstate.worker")
 

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError
 
-from ..managers import connection_lost
+from ..managers import close_connection, connection_lost
 from ..models import Job, WorkerHeartbeat
 from .cancels import pass_cancel_requests
-from .liveness import Pulse, close_connection
+from .liveness import Pulse
 
 if TYPE_CHECKING:
     from .worker import Worker

@@ -37,7 +37,7 @@ from ..telemetry import metrics
 from ..telemetry.logs import job_fields
 from .attempts import AttemptRunner
 from .burst import BurstEnd
-from .flushing import Flusher
+from .flushing import FLUSH_AFTER, Flusher
 from .ledger import Ledger, ledger_size
 from .recording import OutcomeWriter
 from .wakeup import Waiter
@@ -54,11 +54,10 @@ def default_worker_id() -> str:
 
 # Batches: a worker claims as many jobs as it expects to run in BATCH_WINDOW seconds (one
 # at a time until it has seen how long jobs take), and writes successes together at most
-# FLUSH_AFTER seconds after the first of them finished, whatever the batch holds
-# (flushing.py). Both bound what a crash costs: claimed jobs not yet run are handed back
-# (fail as lost if the whole host died), and finished jobs not yet written fail as lost.
+# flushing.FLUSH_AFTER seconds after the first of them finished, whatever the batch holds.
+# Both bound what a crash costs: claimed jobs not yet run are handed back (fail as lost
+# if the whole host died), and finished jobs not yet written fail as lost.
 BATCH_WINDOW = 0.05
-FLUSH_AFTER = 0.05
 MAX_BATCH = 100
 # While draining a backlog, a worker claims from where its previous batch began, not from
 # the head of the queue, where the index entries of claimed rows pile up until VACUUM

@@ -262,7 +262,7 @@ class SchedulerThread(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        from ..runner.liveness import close_connection
+        from ..managers import close_connection
 
         failures = 0
         scheduler = None

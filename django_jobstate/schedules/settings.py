@@ -103,7 +103,7 @@ def option_errors(backend: JobStateBackend) -> list[ScheduleError]:
 
 def retention() -> dict[str, str | float] | None:
     """JOBSTATE_RETENTION, checked: {state: age}, or None (keep every job)."""
-    from ..management.commands.prunejobs import age
+    from ..conf import age
 
     raw = getattr(settings, "JOBSTATE_RETENTION", None)
     if raw is None:

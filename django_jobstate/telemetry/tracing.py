@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import context, propagate, trace
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 
-from ..managers.base import describe_error
+from ..exceptions import describe_error
 
 if TYPE_CHECKING:
     from ..models import Job
