@@ -34,7 +34,7 @@ def profile(n: int, top: int) -> None:
     import django
 
     django.setup()
-    from django_jobstate.worker import Worker
+    from django_jobstate.runner.worker import Worker
 
     worker = Worker(burst=True)
     profiler = cProfile.Profile()

@@ -29,8 +29,8 @@ from django.db.models import F  # noqa: E402
 from django.test.utils import CaptureQueriesContext  # noqa: E402
 
 from django_jobstate.models import Job, Schedule  # noqa: E402
-from django_jobstate.scheduler import Scheduler  # noqa: E402
-from django_jobstate.schedules import Definition  # noqa: E402
+from django_jobstate.schedules.definitions import Definition  # noqa: E402
+from django_jobstate.schedules.scheduler import Scheduler  # noqa: E402
 
 
 def main() -> None:

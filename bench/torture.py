@@ -899,7 +899,7 @@ class Torture(workloads.Workloads):
         """Wait, with no fault left, until every logical task is terminal; return (took, bound)."""
         from bench.torture_workloads import TICK_SCHEDULE
         from django_jobstate.models import Job
-        from django_jobstate.schedule_model import Schedule
+        from django_jobstate.schedules.model import Schedule
 
         for pid in list(self.paused):
             self.resume(pid)

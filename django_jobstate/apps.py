@@ -9,9 +9,10 @@ class JobStateConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, checks_tasks, schedule_settings  # noqa: F401  (register the system checks)
+        from . import checks  # noqa: F401  (registers the system checks)
         from .conf import reload_settings
         from .receivers import configure_sqlite
+        from .schedules import settings  # noqa: F401  (registers the schedules' checks)
 
         connection_created.connect(configure_sqlite, dispatch_uid="django_jobstate.sqlite")
         setting_changed.connect(reload_settings, dispatch_uid="django_jobstate.settings")

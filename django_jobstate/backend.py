@@ -94,7 +94,7 @@ class JobStateBackend(BaseTaskBackend):
         defaults = get_settings()
         calls = list(calls)
         if defaults.TRACING:
-            from .tracing import producer_span
+            from .telemetry.tracing import producer_span
 
             with producer_span(task, len(calls)) as (span, trace_context):
                 jobs = self._enqueue(task, calls, defaults, trace_context)
@@ -194,7 +194,7 @@ class JobStateBackend(BaseTaskBackend):
         has no queued job and was never paused: a typo would pause nothing.
         """
         from .models import JobQueue
-        from .queues import check_known
+        from .queue_names import check_known
 
         check_known(name)
         JobQueue.objects.pause(name, by=by or "code")
@@ -202,7 +202,7 @@ class JobStateBackend(BaseTaskBackend):
     def resume_queue(self, name: str, *, by: str = "") -> None:
         """Let workers claim queue `name`'s jobs again (ValueError as for pause_queue())."""
         from .models import JobQueue
-        from .queues import check_known
+        from .queue_names import check_known
 
         check_known(name)
         JobQueue.objects.resume(name, by=by or "code")

@@ -1,8 +1,11 @@
 """The app's settings: `JOBSTATE_*` names in the project's settings, with defaults."""
 
+import argparse
 import functools
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any
 
@@ -94,3 +97,21 @@ def reload_settings(*, setting: str, **kwargs: Any) -> None:
     """Receiver of setting_changed (connected in JobStateConfig.ready())."""
     if setting.startswith("JOBSTATE_"):
         get_settings.cache_clear()
+
+
+# Ages: prunejobs --older-than and JOBSTATE_RETENTION.
+UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+# A larger age is surely a typo, and would overflow the database's date arithmetic.
+MAX_AGE_DAYS = 36500
+AGE_FORMAT = "a number and a unit: 30s, 15m, 12h, 7d or 2w (a bare number is days)"
+
+
+def age(text: str) -> timedelta:
+    """Parse `30s`, `15m`, `12h`, `7d` or `2w`; a bare number is days."""
+    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw]?)", text.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an age; use {AGE_FORMAT}")
+    seconds = float(match[1]) * UNIT_SECONDS[match[2] or "d"]
+    if seconds > MAX_AGE_DAYS * UNIT_SECONDS["d"]:
+        raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_AGE_DAYS} days")
+    return timedelta(seconds=seconds)

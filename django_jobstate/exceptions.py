@@ -1,5 +1,8 @@
 """Exceptions raised by django-jobstate, and the ones it records as a failed attempt's error."""
 
+import traceback
+from typing import TypedDict
+
 from .states import InvalidTransition
 from .tasksapi import InvalidTask
 
@@ -59,3 +62,40 @@ class JobCancelled(Exception):
 
     A task that takes the context raises it with `context.raise_if_cancelled()`.
     """
+
+
+# How an error is stored on a failed attempt (describe_error()).
+
+
+def class_path(exc: BaseException) -> str:
+    return f"{type(exc).__module__}.{type(exc).__qualname__}"
+
+
+class ErrorFields(TypedDict):
+    """The error fields of a failed attempt (fail()'s keyword arguments)."""
+
+    error_class: str
+    error_message: str
+    traceback: str
+
+
+def describe_error(exc: BaseException) -> ErrorFields:
+    """The error fields of a failed attempt, for any exception.
+
+    Its str() may raise (the traceback module says so instead), and PostgreSQL stores no
+    NUL character and no lone surrogate in text: both are written as escapes.
+    """
+    try:
+        message = str(exc)
+    except Exception:
+        message = "<str() of the error failed>"
+    return {
+        "error_class": storable_text(class_path(exc))[:255],
+        "error_message": storable_text(message),
+        "traceback": storable_text("".join(traceback.format_exception(exc))),
+    }
+
+
+def storable_text(text: str) -> str:
+    text = text.replace("\x00", "\\x00")
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

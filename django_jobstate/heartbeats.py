@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 from django.db import connections, models
 from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
 
 from .dbclock import Now
-
-if TYPE_CHECKING:
-    from .models import WorkerHeartbeat
 
 
 class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
@@ -58,3 +55,23 @@ class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
         cutoff = Now() - timedelta(seconds=lost_after)
         busy = Job.objects.running().values("worker_id")
         self.filter(last_seen__lt=cutoff).exclude(worker_id__in=busy).delete()
+
+
+class WorkerHeartbeat(models.Model):
+    """One row per running worker process, refreshed every JOBSTATE_HEARTBEAT_INTERVAL."""
+
+    worker_id = models.CharField(_("worker"), max_length=64, primary_key=True)
+    host = models.CharField(_("host"), max_length=255)
+    pid = models.PositiveIntegerField(_("pid"))
+    queues = models.JSONField(_("queues"), null=True, blank=True, help_text=_("null: all"))
+    started_at = models.DateTimeField(_("started at"))
+    last_seen = models.DateTimeField(_("last seen"))
+
+    objects = WorkerHeartbeatManager()
+
+    class Meta:
+        verbose_name = _("worker")
+        verbose_name_plural = _("workers")
+
+    def __str__(self) -> str:
+        return self.worker_id

@@ -1,4 +1,5 @@
-"""The Job table: one row per attempt of a task."""
+"""The Job table: one row per attempt of a task (the other tables: heartbeats.py,
+queues.py, schedules/model.py)."""
 
 from datetime import timedelta
 
@@ -6,10 +7,12 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
-from .heartbeats import WorkerHeartbeatManager
+# The other tables, each in the module of its writes (imported here: Django finds an app's
+# models in its models module).
+from .heartbeats import WorkerHeartbeat as WorkerHeartbeat
 from .managers import JobManager
-from .queues import JobQueueManager
-from .schedule_model import Schedule as Schedule  # periodic jobs' table, in its own module
+from .queues import JobQueue as JobQueue
+from .schedules.model import Schedule as Schedule
 from .states import LIVE_STATES, FailureReason, State
 from .uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 
@@ -284,49 +287,3 @@ class Job(models.Model):
         if self.finished_at is None:
             return None
         return self.finished_at - self.started_at
-
-
-class WorkerHeartbeat(models.Model):
-    """One row per running worker process, refreshed every JOBSTATE_HEARTBEAT_INTERVAL."""
-
-    worker_id = models.CharField(_("worker"), max_length=64, primary_key=True)
-    host = models.CharField(_("host"), max_length=255)
-    pid = models.PositiveIntegerField(_("pid"))
-    queues = models.JSONField(_("queues"), null=True, blank=True, help_text=_("null: all"))
-    started_at = models.DateTimeField(_("started at"))
-    last_seen = models.DateTimeField(_("last seen"))
-
-    objects = WorkerHeartbeatManager()
-
-    class Meta:
-        verbose_name = _("worker")
-        verbose_name_plural = _("workers")
-
-    def __str__(self) -> str:
-        return self.worker_id
-
-
-class JobQueue(models.Model):
-    """A queue an operator paused (or paused once): no worker claims a paused queue's jobs.
-
-    Queues need no row to exist: a queue without one is not paused.
-    """
-
-    name = models.CharField(_("queue"), max_length=100, primary_key=True)
-    paused_at = models.DateTimeField(_("paused at"), null=True, blank=True, editable=False)
-    # Who made the last change (pause or resume), and when: "admin:alice", "cli:deploy", ...
-    changed_by = models.CharField(_("changed by"), max_length=150, blank=True, editable=False)
-    changed_at = models.DateTimeField(_("changed at"), null=True, blank=True, editable=False)
-
-    objects = JobQueueManager()
-
-    class Meta:
-        verbose_name = _("queue")
-        verbose_name_plural = _("queues")
-
-    def __str__(self) -> str:
-        return self.name
-
-    @property
-    def paused(self) -> bool:
-        return self.paused_at is not None

@@ -4,68 +4,25 @@ A pause is a row in the database, so it holds for every worker, survives restart
 deploys, and takes effect for the first claim statement that starts after it commits:
 the claim itself excludes paused queues (managers/claim.py), no worker caches it.
 
-Which names a pause may name (known_queues(), check_known()): a queue that a TASKS alias
-of this backend lists, one with queued jobs, or one with a row (paused, or paused once).
-The last two keep a queue removed from the settings pausable while its jobs drain, and a
-paused one resumable for good. Anything else is a typo that would pause nothing, unless
-an alias lists no queues at all (QUEUES = []: it accepts any name).
+Which names a pause may name: queue_names.py.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from django.db import connections, models, router, transaction
+from django.utils.translation import gettext_lazy as _
 
 from .dbclock import Now
-from .wakeup import NOTIFY_QUEUE, queue_payload
-
-if TYPE_CHECKING:
-    from .models import JobQueue
+from .notify import NOTIFY_QUEUE, queue_payload
 
 logger = logging.getLogger("django_jobstate")
-
-
-def configured_queues() -> tuple[set[str], bool]:
-    """The queues the TASKS aliases of this package's backends list, and whether one of
-    them lists none, so that it accepts any queue name."""
-    from .backend import DummyBackend, ImmediateBackend, JobStateBackend
-    from .tasksapi import task_backends
-
-    names: set[str] = set()
-    open_ended = False
-    for backend in task_backends.all():
-        if isinstance(backend, JobStateBackend | ImmediateBackend | DummyBackend):
-            names |= set(backend.queues)
-            open_ended = open_ended or not backend.queues
-    return names, open_ended
-
-
-def known_queues() -> set[str]:
-    """The configured queues, those with queued jobs, and those with a JobQueue row."""
-    from .models import Job, JobQueue
-
-    names, _open_ended = configured_queues()
-    names |= set(Job.objects.queue_names())
-    return names | set(JobQueue.objects.values_list("name", flat=True))
 
 
 def validate_name(name: str) -> None:
     if not isinstance(name, str) or not name or len(name) > 100:
         raise ValueError(f"A queue name is 1 to 100 characters, not {name!r}.")
-
-
-def check_known(name: str) -> None:
-    """Raise ValueError, naming the known queues, for a name that no queue has."""
-    validate_name(name)
-    configured, open_ended = configured_queues()
-    if open_ended or name in configured or name in known_queues():
-        return
-    raise ValueError(
-        f"No queue is named {name!r}: no TASKS alias lists it, no job is queued in it, and "
-        f"it was never paused. Known queues: {', '.join(sorted(known_queues())) or 'none'}."
-    )
 
 
 class JobQueueManager(models.Manager["JobQueue"]):
@@ -108,3 +65,29 @@ class JobQueueManager(models.Manager["JobQueue"]):
 
     def paused_names(self) -> set[str]:
         return set(self.paused().values_list("name", flat=True))
+
+
+class JobQueue(models.Model):
+    """A queue an operator paused (or paused once): no worker claims a paused queue's jobs.
+
+    Queues need no row to exist: a queue without one is not paused.
+    """
+
+    name = models.CharField(_("queue"), max_length=100, primary_key=True)
+    paused_at = models.DateTimeField(_("paused at"), null=True, blank=True, editable=False)
+    # Who made the last change (pause or resume), and when: "admin:alice", "cli:deploy", ...
+    changed_by = models.CharField(_("changed by"), max_length=150, blank=True, editable=False)
+    changed_at = models.DateTimeField(_("changed at"), null=True, blank=True, editable=False)
+
+    objects = JobQueueManager()
+
+    class Meta:
+        verbose_name = _("queue")
+        verbose_name_plural = _("queues")
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_at is not None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .schedule_settings import RETENTION_STATES, jobstate_backends
+from .schedules.settings import RETENTION_STATES, jobstate_backends
 from .tasksapi import task
 
 _backends = jobstate_backends()
@@ -19,7 +19,7 @@ if _backends:
     @task(backend=_backends[0].alias)
     def prune_jobs(succeeded: Any = None, failed: Any = None) -> dict[str, int]:
         """Delete the tasks whose final attempt is in that state and older than that age."""
-        from .management.commands.prunejobs import age
+        from .conf import age
         from .models import Job
 
         ages = dict(zip(RETENTION_STATES, (succeeded, failed), strict=True))

@@ -14,7 +14,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from django_jobstate import admin_filters
+from django_jobstate.admin import filters as admin_filters
 from django_jobstate.models import Job, JobQueue
 from django_jobstate.states import FailureReason, State
 from tests import tasks
@@ -949,7 +949,7 @@ def test_retry_action_of_several_jobs_lists_their_tasks_without_the_state_filter
 
 
 def test_retry_action_of_many_jobs_shows_the_list_without_the_state_filter(client, monkeypatch):
-    from django_jobstate import admin_retry
+    from django_jobstate.admin import retry as admin_retry
 
     monkeypatch.setattr(admin_retry, "MAX_LISTED", 2)
     login(client, "view", "change")

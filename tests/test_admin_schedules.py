@@ -9,8 +9,8 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from django_jobstate.models import Job, Schedule
-from django_jobstate.scheduler import Scheduler, db_now, sync
-from django_jobstate.schedules import Definition
+from django_jobstate.schedules.definitions import Definition
+from django_jobstate.schedules.scheduler import Scheduler, db_now, sync
 from django_jobstate.states import State
 
 pytestmark = pytest.mark.django_db

@@ -7,8 +7,8 @@ import pytest
 from django.contrib.auth.models import Permission, User
 
 from django_jobstate.models import Job, Schedule
-from django_jobstate.scheduler import Scheduler, sync
-from django_jobstate.schedules import Definition
+from django_jobstate.schedules.definitions import Definition
+from django_jobstate.schedules.scheduler import Scheduler, sync
 from tests.test_admin_browser import browser, click_and_load, screenshot
 
 __all__ = ["browser"]  # the fixture

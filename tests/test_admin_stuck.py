@@ -10,8 +10,8 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobstate.models import Job, WorkerHeartbeat
+from django_jobstate.runner.stuck import Concern, why_stuck
 from django_jobstate.states import FailureReason, State
-from django_jobstate.stuck import Concern, why_stuck
 from tests.factories import JobFactory
 from tests.test_admin import LIST_URL, change_url, login
 

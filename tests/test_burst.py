@@ -7,10 +7,10 @@ import time
 import pytest
 from django.db import connection, transaction
 
-from django_jobstate import burst
 from django_jobstate.models import Job
+from django_jobstate.runner import burst
+from django_jobstate.runner.worker import Worker
 from django_jobstate.states import State
-from django_jobstate.worker import Worker
 from tests import tasks
 from tests.models import Execution
 

@@ -188,7 +188,7 @@ def test_a_burst_run_exits_though_a_paused_queue_has_jobs(runjobs):
 
 def test_a_worker_run_in_process_passes_the_request_to_a_cooperative_task():
     """No supervisor: the worker's watchdog thread reads requests at its heartbeats."""
-    from django_jobstate.worker import Worker
+    from django_jobstate.runner.worker import Worker
 
     result = tasks.stops_when_cancelled.enqueue("in-process")
     worker = Worker(burst=True)

@@ -12,7 +12,7 @@ from django.db import connection
 from django.test import override_settings
 
 from django_jobstate.backend import JobStateBackend
-from django_jobstate.checks import NUMBERS
+from django_jobstate.checks.settings import NUMBERS
 from django_jobstate.conf import Settings
 
 pytestmark = pytest.mark.django_db
@@ -186,7 +186,7 @@ def test_missing_backend_hint_shows_the_tasks_setting():
 
 
 def test_no_backend_warning_when_the_app_is_not_installed():
-    from django_jobstate.checks import check_tasks_backend
+    from django_jobstate.checks.settings import check_tasks_backend
 
     with override_settings(
         INSTALLED_APPS=[a for a in settings.INSTALLED_APPS if a != "django_jobstate"],
@@ -209,7 +209,7 @@ def test_check_command_reports_garbage_without_crashing(garbage):
 
 @pytest.mark.parametrize("tasks", ["nonsense", {"default": "nonsense"}, {"default": {}}])
 def test_backend_check_survives_a_malformed_tasks_setting(tasks):
-    from django_jobstate.checks import check_tasks_backend
+    from django_jobstate.checks.settings import check_tasks_backend
 
     with override_settings(TASKS=tasks):
         assert [m.id for m in check_tasks_backend()] == ["django_jobstate.W003"]

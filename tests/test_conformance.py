@@ -74,6 +74,7 @@ from django.utils import timezone
 from django_jobstate.backend import JobStateBackend, JobStateTask
 from django_jobstate.exceptions import InvalidPayload, WorkerInterrupted
 from django_jobstate.models import Job
+from django_jobstate.runner.worker import Worker
 from django_jobstate.states import FailureReason, State
 from django_jobstate.tasksapi import (
     InvalidTask,
@@ -90,7 +91,6 @@ from django_jobstate.tasksapi import (
     task_finished,
     task_started,
 )
-from django_jobstate.worker import Worker
 from tests import tasks
 from tests.factories import JobFactory
 from tests.models import Execution

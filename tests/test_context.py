@@ -10,9 +10,9 @@ from django.urls import reverse
 from django_jobstate.backend import JobStateBackend, JobStateTaskResult
 from django_jobstate.exceptions import InvalidPayload, LostRace, WorkerLost
 from django_jobstate.models import Job
+from django_jobstate.runner.worker import Worker
 from django_jobstate.states import FailureReason, State
 from django_jobstate.tasksapi import InvalidTask
-from django_jobstate.worker import Worker
 from tests import tasks
 from tests.factories import JobFactory
 

@@ -9,8 +9,8 @@ import pytest
 from django.db import transaction
 
 from django_jobstate.models import Job, WorkerHeartbeat
+from django_jobstate.runner.worker import Worker
 from django_jobstate.states import FailureReason, State
-from django_jobstate.worker import Worker
 from tests import tasks
 from tests.models import Execution
 from tests.test_recovery import wait_for

@@ -13,9 +13,9 @@ from django.utils import timezone
 
 from django_jobstate.exceptions import JobCancelled, JobTimeout
 from django_jobstate.models import Job
+from django_jobstate.runner.worker import Worker
 from django_jobstate.states import FailureReason, State
 from django_jobstate.tasksapi import TaskResultStatus
-from django_jobstate.worker import Worker
 from tests import tasks
 from tests.factories import JobFactory
 from tests.models import Execution

@@ -9,8 +9,8 @@ from contextlib import contextmanager
 import pytest
 from django.db import connection
 
-from django_jobstate.attempts import ASYNC_GRACE
 from django_jobstate.models import Job
+from django_jobstate.runner.attempts import ASYNC_GRACE
 from django_jobstate.states import FailureReason, State
 from tests import tasks
 from tests.test_runjobs import wait_for

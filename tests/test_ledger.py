@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from django_jobstate.ledger import HELD, RELEASED, STARTED, Ledger
+from django_jobstate.runner.ledger import HELD, RELEASED, STARTED, Ledger
 
 
 def ledger(size: int = 4) -> Ledger:

@@ -8,9 +8,9 @@ from django.test import override_settings
 
 from django_jobstate.loading import is_task_module, load_task, task_modules
 from django_jobstate.models import Job
+from django_jobstate.runner.worker import Worker
 from django_jobstate.states import State
 from django_jobstate.tasksapi import InvalidTask
-from django_jobstate.worker import Worker
 from tests import tasks
 
 TASK_SOURCE = "from django.tasks import task\n@task\ndef job() -> str:\n    return 'ran'\n"

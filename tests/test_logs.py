@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from django_jobstate.logs import JsonFormatter, job_fields
 from django_jobstate.models import Job
+from django_jobstate.telemetry.logs import JsonFormatter, job_fields
 from tests import tasks
 from tests.factories import JobFactory
 

@@ -20,6 +20,7 @@ from django.utils import timezone
 from django_jobstate.exceptions import LostRace
 from django_jobstate.managers import CancelOutcome, claim_key
 from django_jobstate.models import Job, JobQueue
+from django_jobstate.runner.wakeup import CHANNEL
 from django_jobstate.states import (
     ONLY_AS,
     TRANSITIONS,
@@ -27,7 +28,6 @@ from django_jobstate.states import (
     InvalidTransition,
     State,
 )
-from django_jobstate.wakeup import CHANNEL
 from tests import tasks
 from tests.conftest import ROOT, skewed_env, subprocess_env
 from tests.dbfaults import ends_the_connection

@@ -15,9 +15,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobstate.models import Job, JobQueue
+from django_jobstate.runner.wakeup import CHANNEL, Waiter, parse_payload, queue_payload
 from django_jobstate.states import State
 from django_jobstate.tasksapi import task_backends
-from django_jobstate.wakeup import CHANNEL, Waiter, parse_payload, queue_payload
 from tests import tasks
 from tests.factories import JobFactory
 from tests.test_runjobs import wait_for

@@ -12,8 +12,8 @@ import pytest
 from django.db import connection
 
 from django_jobstate.models import Job
-from django_jobstate.relay import CHUNK, WAKE_ALL, Relay, _chunks
-from django_jobstate.wakeup import CHANNEL, Inbox, Waiter, queue_payload
+from django_jobstate.runner.relay import CHUNK, WAKE_ALL, Relay, _chunks
+from django_jobstate.runner.wakeup import CHANNEL, Inbox, Waiter, queue_payload
 from tests import tasks
 from tests.factories import JobFactory
 

@@ -13,9 +13,9 @@ from django.core.management import CommandError, call_command
 from django.db import transaction
 
 from django_jobstate.models import Job, Schedule
-from django_jobstate.schedule_writes import db_now, enqueue_tick, sync
-from django_jobstate.scheduler import Scheduler
-from django_jobstate.schedules import Definition
+from django_jobstate.schedules.definitions import Definition
+from django_jobstate.schedules.scheduler import Scheduler
+from django_jobstate.schedules.writes import db_now, enqueue_tick, sync
 from django_jobstate.states import State
 from tests import tasks
 from tests.test_scheduler import make_due

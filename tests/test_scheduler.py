@@ -16,9 +16,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobstate.models import Job, Schedule
-from django_jobstate.schedule_settings import load
-from django_jobstate.scheduler import Scheduler, db_now, sync
-from django_jobstate.schedules import PRUNE_SCHEDULE, Definition
+from django_jobstate.schedules.definitions import PRUNE_SCHEDULE, Definition
+from django_jobstate.schedules.scheduler import Scheduler, db_now, sync
+from django_jobstate.schedules.settings import load
 from django_jobstate.states import FailureReason, State
 from tests.factories import JobFactory
 

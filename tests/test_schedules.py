@@ -6,7 +6,13 @@ from zoneinfo import ZoneInfo
 
 import pytest
 
-from django_jobstate.schedules import ALL_LIMIT, Definition, ScheduleError, parse, relative
+from django_jobstate.schedules.definitions import (
+    ALL_LIMIT,
+    Definition,
+    ScheduleError,
+    parse,
+    relative,
+)
 
 PARIS, NEW_YORK = ZoneInfo("Europe/Paris"), ZoneInfo("America/New_York")
 

@@ -8,8 +8,8 @@ from django.core.management import CommandError, call_command
 from django.test import override_settings
 
 from django_jobstate.models import Job, Schedule
-from django_jobstate.schedule_writes import sync
-from django_jobstate.schedules import Definition
+from django_jobstate.schedules.definitions import Definition
+from django_jobstate.schedules.writes import sync
 
 pytestmark = pytest.mark.django_db
 

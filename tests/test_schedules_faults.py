@@ -11,8 +11,8 @@ from datetime import UTC, datetime
 import pytest
 
 from django_jobstate.models import Job, Schedule
-from django_jobstate.schedule_writes import sync
-from django_jobstate.schedules import Definition
+from django_jobstate.schedules.definitions import Definition
+from django_jobstate.schedules.writes import sync
 from tests import tasks
 from tests.test_schedules_race import env, ticks_of, wait_for
 

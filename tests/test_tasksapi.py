@@ -17,7 +17,7 @@ import pytest
 from django_jobstate import tasksapi
 from django_jobstate.backend import JobStateBackend, JobStateTask
 from django_jobstate.models import Job
-from django_jobstate.worker import Worker
+from django_jobstate.runner.worker import Worker
 from tests import tasks
 from tests.conftest import ROOT
 

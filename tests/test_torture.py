@@ -36,8 +36,8 @@ from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from django_jobstate.models import Job, WorkerHeartbeat
+from django_jobstate.runner.worker import Worker
 from django_jobstate.states import FailureReason, State
-from django_jobstate.worker import Worker
 from tests import netns, tasks
 from tests.conftest import ROOT
 from tests.factories import JobFactory

@@ -11,8 +11,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind
 
 from django_jobstate.models import Job
+from django_jobstate.runner.worker import Worker
 from django_jobstate.states import State
-from django_jobstate.worker import Worker
 from tests import tasks
 
 EXPORTER = InMemorySpanExporter()

@@ -12,10 +12,10 @@ import tests.tasks
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import InvalidPayload, JobAlreadyEnqueued, LostRace
 from django_jobstate.models import Job
+from django_jobstate.runner.worker import Worker
 from django_jobstate.states import FailureReason, State
 from django_jobstate.tasksapi import InvalidTask, TaskResultStatus, task, task_enqueued
 from django_jobstate.uniqueness import unique_key
-from django_jobstate.worker import Worker
 from tests.conftest import run_racers
 from tests.models import Execution
 from tests.tasks import (

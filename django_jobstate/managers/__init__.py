@@ -9,16 +9,10 @@ running attempt's metadata) and prune.py; base.py holds the one state check and 
 they share (Writes._transition).
 """
 
-from .base import (
-    class_path,
-    connection_lost,
-    describe_error,
-    storable_text,
-    timeout_error,
-    writing,
-)
+from ..exceptions import class_path, describe_error, storable_text
+from .base import ClaimKey, claim_key, close_connection, connection_lost, timeout_error, writing
 from .cancel import Cancel, CancelOutcome
-from .claim import Claim, ClaimKey, claim_key
+from .claim import Claim
 from .enqueue import ENQUEUE_CHUNK, Enqueue, uuid7
 from .outcomes import backoff_delay
 from .progress import Progress, check_metadata
@@ -34,6 +28,7 @@ __all__ = [
     "check_metadata",
     "claim_key",
     "class_path",
+    "close_connection",
     "connection_lost",
     "describe_error",
     "storable_text",

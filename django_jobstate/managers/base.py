@@ -4,11 +4,10 @@ and the error fields of a failed attempt."""
 from __future__ import annotations
 
 import logging
-import traceback
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import timedelta
-from typing import TYPE_CHECKING, Any, TypedDict
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 
 from django.db import (
     DEFAULT_DB_ALIAS,
@@ -17,13 +16,17 @@ from django.db import (
     OperationalError,
     connections,
     models,
+    router,
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..exceptions import JobTimeout, LostRace
+from ..exceptions import (
+    JobTimeout,
+    LostRace,
+)
 from ..querysets import JobQuerySet
 from ..states import State, check_transition
 
@@ -33,46 +36,21 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_jobstate")
 
 
+# Where a job stands in claim order (claim.py, mysql.py): claim_key().
+ClaimKey = tuple[int, datetime, int]
+
+
+def claim_key(job: Job) -> ClaimKey:
+    """Where `job` stands in claim order: higher priority first, then run_after, then id."""
+    return (-job.priority, job.run_after, job.pk)
+
+
 # The fields that differ between the rows one enqueue INSERT writes (enqueue.py, mysql.py).
 PER_CALL = ("result_id", "args", "kwargs", "unique_key")
 
 
-def class_path(exc: BaseException) -> str:
-    return f"{type(exc).__module__}.{type(exc).__qualname__}"
-
-
-class ErrorFields(TypedDict):
-    """The error fields of a failed attempt (fail()'s keyword arguments)."""
-
-    error_class: str
-    error_message: str
-    traceback: str
-
-
-def describe_error(exc: BaseException) -> ErrorFields:
-    """The error fields of a failed attempt, for any exception.
-
-    Its str() may raise (the traceback module says so instead), and PostgreSQL stores no
-    NUL character and no lone surrogate in text: both are written as escapes.
-    """
-    try:
-        message = str(exc)
-    except Exception:
-        message = "<str() of the error failed>"
-    return {
-        "error_class": storable_text(class_path(exc))[:255],
-        "error_message": storable_text(message),
-        "traceback": storable_text("".join(traceback.format_exception(exc))),
-    }
-
-
 def timeout_error(job: Job) -> JobTimeout:
     return JobTimeout(f"the attempt ran past its timeout of {job.timeout:g} seconds")
-
-
-def storable_text(text: str) -> str:
-    text = text.replace("\x00", "\\x00")
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def now_sql(connection: BaseDatabaseWrapper, delay: float = 0.0) -> tuple[str, list[Any]]:
@@ -122,6 +100,13 @@ def from_db(connection: BaseDatabaseWrapper, field: models.Field[Any, Any], valu
     for convert in connection.ops.get_db_converters(column) + field.get_db_converters(connection):
         value = convert(value, column, connection)
     return value
+
+
+def close_connection() -> None:
+    """Drop this thread's connection to the jobs' database, so the next use reconnects."""
+    from ..models import Job
+
+    connections[router.db_for_write(Job)].close()
 
 
 # A module-level name, so that django-stubs types the manager's queryset methods.

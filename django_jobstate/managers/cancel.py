@@ -19,10 +19,10 @@ from django.db import connections, models
 from django.db.models.functions import Coalesce
 
 from ..dbclock import Now
-from ..exceptions import JobCancelled, LostRace
+from ..exceptions import JobCancelled, LostRace, describe_error
+from ..notify import NOTIFY_CANCEL
 from ..states import FailureReason, State
-from ..wakeup import NOTIFY_CANCEL
-from .base import Writes, brief_transaction, describe_error, writing
+from .base import Writes, brief_transaction, writing
 
 if TYPE_CHECKING:
     from ..models import Job

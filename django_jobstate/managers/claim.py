@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..states import State, check_transition
-from .base import now_sql, write_lock_first
+from .base import ClaimKey, claim_key, now_sql, write_lock_first
 from .mysql import MySQLWrites
 
 if TYPE_CHECKING:
     from ..models import Job
-
-
-ClaimKey = tuple[int, datetime, int]
-
-
-def claim_key(job: Job) -> ClaimKey:
-    """Where `job` stands in claim order: higher priority first, then run_after, then id."""
-    return (-job.priority, job.run_after, job.pk)
 
 
 class Claim(MySQLWrites):

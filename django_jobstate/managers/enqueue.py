@@ -14,9 +14,9 @@ from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.fields import NOT_PROVIDED
 
+from ..notify import NOTIFY
 from ..payload import encode_payload
 from ..uniqueness import UniqueScope
-from ..wakeup import NOTIFY
 from .base import PER_CALL, from_db, now_sql
 from .unique import EnqueueUnique, Row
 

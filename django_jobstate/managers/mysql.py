@@ -20,11 +20,10 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..states import State
 from ..uniqueness import HOLDS_KEY, UniqueScope
-from .base import PER_CALL, Writes, from_db, now_sql
+from .base import PER_CALL, ClaimKey, Writes, claim_key, from_db, now_sql
 
 if TYPE_CHECKING:
     from ..models import Job
-    from .claim import ClaimKey
     from .unique import Row
 
 # The index in claim order (migration 0009, which freezes the name).
@@ -62,7 +61,6 @@ class MySQLWrites(Writes):
         is an OperationalError, which the worker's claim loop takes as a passing fault.
         """
         from ..models import JobQueue
-        from .claim import claim_key
 
         qn = connection.ops.quote_name
         table = qn(self.model._meta.db_table)

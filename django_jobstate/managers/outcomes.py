@@ -16,10 +16,10 @@ from django.db.models.expressions import RawSQL
 from ..conf import get_settings
 from ..dbclock import Now
 from ..exceptions import JobAlreadyEnqueued, LostRace
-from ..logs import job_fields
+from ..notify import NOTIFY_QUEUE, queue_payload
 from ..states import FailureReason, State, check_transition
+from ..telemetry.logs import job_fields
 from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
-from ..wakeup import NOTIFY_QUEUE, queue_payload
 from .base import logger, now_sql, write_lock_first, writing
 from .mysql import MySQLWrites
 

@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, connections, router
 from django.db.models import Exists
 
-from .. import metrics
 from ..conf import get_settings
 from ..dbclock import Now
-from ..exceptions import JobCancelled, LostRace, WorkerLost
-from ..logs import job_fields
+from ..exceptions import JobCancelled, LostRace, WorkerLost, describe_error
 from ..states import FailureReason
-from .base import brief_transaction, connection_lost, describe_error, logger, timeout_error
+from ..telemetry import metrics
+from ..telemetry.logs import job_fields
+from .base import brief_transaction, connection_lost, logger, timeout_error
 from .outcomes import Outcomes
 
 if TYPE_CHECKING:

@@ -19,7 +19,7 @@ import sys
 
 class _WrapScheduler(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "django_jobstate.scheduler":
+        if name != "django_jobstate.schedules.scheduler":
             return None
         sys.meta_path.remove(self)
         spec = importlib.util.find_spec(name)
@@ -43,7 +43,7 @@ class _WrapScheduler(importlib.abc.MetaPathFinder):
 
 class _WrapUpdate(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
-        if name != "django_jobstate.scheduler":
+        if name != "django_jobstate.schedules.scheduler":
             return None
         sys.meta_path.remove(self)
         import logging

@@ -8,7 +8,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError
 
 from django_jobstate.models import Job, JobQueue
-from django_jobstate.queues import check_known, configured_queues
+from django_jobstate.queue_names import check_known, configured_queues
 from django_jobstate.states import State
 
 from .jobstats import table

@@ -1,31 +1,14 @@
 """`manage.py prunejobs`: delete old finished tasks, every attempt of each."""
 
 import argparse
-import re
-from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand
 
+from django_jobstate.conf import AGE_FORMAT, age
 from django_jobstate.management.arguments import positive_int
 from django_jobstate.models import Job
 from django_jobstate.states import TERMINAL_STATES
-
-UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
-# A larger age is surely a typo, and would overflow the database's date arithmetic.
-MAX_AGE_DAYS = 36500
-AGE_FORMAT = "a number and a unit: 30s, 15m, 12h, 7d or 2w (a bare number is days)"
-
-
-def age(text: str) -> timedelta:
-    """Parse `30s`, `15m`, `12h`, `7d` or `2w`; a bare number is days."""
-    match = re.fullmatch(r"(\d+(?:\.\d+)?)([smhdw]?)", text.strip())
-    if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an age; use {AGE_FORMAT}")
-    seconds = float(match[1]) * UNIT_SECONDS[match[2] or "d"]
-    if seconds > MAX_AGE_DAYS * UNIT_SECONDS["d"]:
-        raise argparse.ArgumentTypeError(f"{text!r} is more than {MAX_AGE_DAYS} days")
-    return timedelta(seconds=seconds)
 
 
 class Command(BaseCommand):

@@ -16,10 +16,10 @@ from django_jobstate.management.arguments import (
     queue_name,
 )
 from django_jobstate.receivers import watch_for_dead_peers
-from django_jobstate.supervisor import Supervisor, configure_logging
+from django_jobstate.runner.supervisor import Supervisor, configure_logging
 
 if TYPE_CHECKING:
-    from django_jobstate.metrics import Exporter
+    from django_jobstate.telemetry.gauges import Exporter
 
 logger = logging.getLogger("django_jobstate.worker")
 
@@ -152,7 +152,7 @@ class Command(BaseCommand):
         """Serve --metrics-port; before any worker starts, as they inherit its directory."""
         if port is None:
             return None
-        from django_jobstate.metrics import Exporter
+        from django_jobstate.telemetry.gauges import Exporter
 
         try:
             exporter = Exporter(port, workers=lambda: len(supervisor.workers))

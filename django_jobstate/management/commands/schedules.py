@@ -11,9 +11,9 @@ from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from django_jobstate.models import Job, Schedule
-from django_jobstate.schedule_settings import load
-from django_jobstate.schedule_writes import db_now, enqueue_tick, sync
-from django_jobstate.schedules import Definition, relative
+from django_jobstate.schedules.definitions import Definition, relative
+from django_jobstate.schedules.settings import load
+from django_jobstate.schedules.writes import db_now, enqueue_tick, sync
 
 from ...tasksapi import InvalidTask
 

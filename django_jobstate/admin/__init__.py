@@ -1,0 +1,5 @@
+"""The admin: the job list and each job's page (jobs.py, with its actions in actions.py and
+retry.py, its filters in filters.py, the page's parts in page.py), the Queues page
+(queues.py) and the Schedules page (schedules.py)."""
+
+from . import jobs, queues, schedules  # noqa: F401  (each registers its ModelAdmin)

@@ -1,0 +1,93 @@
+"""Heartbeats, and who may judge a silent worker lost.
+
+Under `runjobs` the supervisor heartbeats for its worker processes, from a thread of its
+own: it runs no task code, so a task that holds the interpreter (and its lock) for minutes
+cannot silence it. A worker running in-process (`Worker.run()`) heartbeats from its
+watchdog thread.
+
+Any process that heartbeats also rescues: it fails as lost the attempts of workers silent
+for JOBSTATE_LOST_AFTER. But after a database outage, or a pause of the rescuer itself,
+every worker was silent, not only the dead ones: a rescuer that judged at once would fail
+every healthy worker's attempts while their bodies still run. So a rescuer judges only once
+its own beats have landed, no more than JUDGE_GAP apart, for a whole window: then any worker
+that stayed silent through that window was cut off on its own.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+
+from django.db import DatabaseError
+
+from ..conf import get_settings
+from ..managers import close_connection
+from ..models import Job, WorkerHeartbeat
+
+logger = logging.getLogger("django_jobstate.worker")
+
+
+def judge_gap(lost_after: float) -> float:
+    """The longest time between a rescuer's own beats for it to stay a judge."""
+    return lost_after / 2
+
+
+class Pulse:
+    """Beats for a set of workers and, once it has been connected for a window, rescues."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.settings = get_settings()
+        self.host = socket.gethostname()
+        self._last_beat: float | None = None  # monotonic time of the last beat that landed
+        self._connected_since: float | None = None
+
+    def beat(self, workers: dict[str, int], queues: list[str] | None) -> None:
+        """Heartbeat for `workers` ({worker_id: pid}); a failure is logged, not raised."""
+        if not workers:
+            return
+        try:
+            WorkerHeartbeat.objects.beat(workers, host=self.host, queues=queues)
+        except DatabaseError:
+            self._connected_since = None
+            logger.warning(
+                "%s: database unavailable; cannot heartbeat",
+                self.name,
+                exc_info=True,
+                extra={"event": "heartbeat.failed"},
+            )
+            close_connection()
+            return
+        now = time.monotonic()
+        gap = judge_gap(self.settings.LOST_AFTER)
+        if self._last_beat is None or self._connected_since is None or now - self._last_beat > gap:
+            self._connected_since = now
+        self._last_beat = now
+
+    @property
+    def may_judge(self) -> bool:
+        since = self._connected_since
+        return since is not None and time.monotonic() - since >= self.settings.LOST_AFTER
+
+    def rescue(self, judges: list[str]) -> int:
+        """Fail the attempts of lost workers, if this process may judge; return how many."""
+        if not self.may_judge or not judges:
+            return 0
+        try:
+            lost_after = self.settings.LOST_AFTER
+            rescued = Job.objects.rescue_lost(
+                lost_after, judges=judges, judge_gap=judge_gap(lost_after)
+            )
+            WorkerHeartbeat.objects.forget_lost(lost_after)
+        except DatabaseError:
+            self._connected_since = None
+            logger.warning(
+                "%s: database unavailable; cannot rescue",
+                self.name,
+                exc_info=True,
+                extra={"event": "rescue.failed"},
+            )
+            close_connection()
+            return 0
+        return rescued

@@ -1,0 +1,321 @@
+"""The supervisor behind `runjobs`: N worker processes, their heartbeats and timeouts.
+
+Each worker is a child process (spawned, so it shares nothing with the supervisor but the
+settings and its ledger). The supervisor runs no task code, so it can always act for its
+workers, whatever their tasks do to their own interpreters:
+- a monitor thread (monitor.py) heartbeats for them and rescues the attempts of lost
+  workers elsewhere (liveness.py), makes every other database write of the supervisor,
+  and passes cancel requests for their attempts to the ledgers (at each beat; on
+  PostgreSQL at once, woken by the relay);
+- on PostgreSQL, a relay thread holds the one LISTEN connection of all the workers and
+  passes each wake-up on to them through a pipe per worker (relay.py);
+- the main loop kills a worker whose attempt passed its deadline, takes back the attempts
+  a worker holds behind a slow one, and replaces workers that ended.
+Each worker writes what it holds and starts to a ledger in shared memory (ledger.py), so
+when a worker process ends, the supervisor fails only the attempt it had started and
+hands back the ones it never began.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+import math
+import multiprocessing
+import os
+import signal
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from multiprocessing.connection import Connection, wait
+from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING, Any
+
+from ..exceptions import WorkerInterrupted, WorkerLost
+from ..states import FailureReason
+from ..telemetry import metrics
+from .ledger import STARTED, Ledger, ledger_size
+from .monitor import Monitor, release, settle
+
+if TYPE_CHECKING:
+    from ..schedules.scheduler import SchedulerThread
+
+# Nothing here imports models at import time: a spawned child imports this module to find
+# run_child before Django is set up.
+
+logger = logging.getLogger("django_jobstate.worker")
+
+EXIT_RECYCLE = 3  # the worker ran --max-jobs jobs: replace it
+EXIT_UNAVAILABLE = 5  # a --burst worker could not reach the database
+# Seconds an attempt may run before the attempts its worker holds behind it, claimed in
+# the same batch, are handed back for other workers to run.
+HOLD_LIMIT = 0.5
+RESPAWN_DELAY = 1.0  # before replacing a worker that died within a second (no database?)
+
+
+def supervisor_id(prefix: str | None) -> str:
+    """A name no other supervisor has, whatever `prefix` (--worker-id) says.
+
+    Worker ids are what every outcome write is fenced by: two supervisors started with
+    the same --worker-id (one unit file on two hosts) must still name workers apart.
+    """
+    import socket
+
+    return f"{prefix or f'{socket.gethostname()[:40]}:{os.getpid()}'}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass
+class Child:
+    worker_id: str
+    process: BaseProcess
+    ledger: Ledger
+    started: float
+    timed_out: int | None = None  # the attempt it was killed for, past its deadline
+
+
+def configure_logging(verbosity: int) -> None:
+    """-v 0: warnings only; -v 1 (default): a line per worker and per attempt; -v 2: debug.
+
+    Without a handler of the project's for these loggers (a fresh startproject has none),
+    lines go to stderr with a time stamp; with one, the project's handler alone.
+    """
+    package_logger = logging.getLogger("django_jobstate")
+    package_logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
+    if not package_logger.hasHandlers():
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        package_logger.addHandler(handler)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        *,
+        concurrency: int = 1,
+        worker_id: str | None = None,
+        verbosity: int = 1,
+        **options: Any,
+    ):
+        from .relay import Relay
+        from .worker import MAX_BATCH
+
+        self.concurrency = concurrency
+        self.verbosity = verbosity
+        self.base_id = supervisor_id(worker_id)
+        self.options = options  # Worker(...) arguments: queues, poll_interval, burst, max_jobs
+        self.batch_size = options.pop("max_batch", MAX_BATCH)
+        self.schedules = options.pop("schedules", False)  # run a scheduler (scheduler.py)
+        self.stopping = False
+        self.interrupted = False
+        self.unavailable = False  # a --burst worker could not reach the database
+        self.workers: dict[str, int] = {}  # {worker_id: pid} of the live workers, for beats
+        self.ledgers: dict[str, Ledger] = {}  # {worker_id: ledger}, for cancel requests
+        self._spawned = 0
+        self._children: dict[int, Child] = {}
+        self._respawn_at: dict[int, float] = {}
+        self._context = multiprocessing.get_context("spawn")
+        self.monitor = Monitor(self)
+        self.relay = Relay(self._context, options.get("queues"), self.monitor.check_cancels_soon)
+
+    def run(self) -> None:
+        queues = ", ".join(sorted(self.options.get("queues") or [])) or "all queues"
+        logger.info(
+            "Supervisor %s started %d worker(s) on %s",
+            self.base_id,
+            self.concurrency,
+            queues,
+            extra={"event": "supervisor.started", "supervisor_id": self.base_id},
+        )
+        self.relay.start()  # before the workers: none misses a job enqueued as it starts
+        self.monitor.start()
+        scheduler = start_scheduler(f"Scheduler {self.base_id}") if self.schedules else None
+        try:
+            for slot in range(self.concurrency):
+                if not self.stopping:
+                    self._spawn(slot)
+            while self._children or self._respawn_at:
+                wait([c.process.sentinel for c in self._children.values()], self._wake_in())
+                self._watch(time.monotonic())
+        finally:
+            if scheduler is not None:
+                scheduler.stop()
+            self.monitor.finish()
+            self.relay.finish()
+        logger.info(
+            "Supervisor %s stopped",
+            self.base_id,
+            extra={"event": "supervisor.stopped", "supervisor_id": self.base_id},
+        )
+
+    def stop(self) -> None:
+        """Let each worker finish its attempts in hand, then exit."""
+        self.stopping = True
+        self._respawn_at.clear()
+        self._signal_children(signal.SIGTERM)
+
+    def interrupt(self) -> None:
+        """Stop now: kill the workers; their running attempts fail as interrupted."""
+        self.stopping = self.interrupted = True
+        self._respawn_at.clear()
+        self._signal_children(signal.SIGKILL)
+
+    def _signal_children(self, signum: int) -> None:
+        for child in list(self._children.values()):
+            if child.process.pid is not None and child.process.is_alive():
+                os.kill(child.process.pid, signum)
+
+    def _wake_in(self) -> float:
+        deadlines = [c.ledger.next_deadline() for c in self._children.values()]
+        wake = min([*deadlines, *self._respawn_at.values(), math.inf])
+        # Often enough to see an attempt held past HOLD_LIMIT in time.
+        return max(0.0, min(wake - time.monotonic(), HOLD_LIMIT / 5))
+
+    def _watch(self, now: float) -> None:
+        for slot, child in list(self._children.items()):
+            if not child.process.is_alive():
+                child.process.join()
+                del self._children[slot]
+                self.relay.remove(child.worker_id)
+                self._publish()  # before settling it: no beat for it after its row is gone
+                self._ended(child)
+                if self._should_replace(child):
+                    quick = time.monotonic() - child.started < RESPAWN_DELAY
+                    self._respawn_at[slot] = now + (RESPAWN_DELAY if quick else 0)
+            elif (pk := child.ledger.overdue(now)) is not None:
+                logger.warning(
+                    "Worker %s: job %s passed its timeout (or was cancelled and did not "
+                    "stop within JOBSTATE_CANCEL_GRACE); stopping the worker process",
+                    child.worker_id,
+                    pk,
+                    extra={"event": "worker.overdue", "worker_id": child.worker_id, "job_id": pk},
+                )
+                child.timed_out = pk
+                os.kill(child.process.pid or 0, signal.SIGKILL)
+            elif held := child.ledger.release_held(now, HOLD_LIMIT):
+                logger.info(
+                    "Worker %s: handing back %d job(s) held behind a slow one",
+                    child.worker_id,
+                    len(held),
+                    extra={"event": "worker.released", "worker_id": child.worker_id, "jobs": held},
+                )
+                self.monitor.submit(functools.partial(release, child.worker_id, held))
+        for slot, at in list(self._respawn_at.items()):
+            if now >= at:
+                del self._respawn_at[slot]
+                self._spawn(slot)
+
+    def _publish(self) -> None:
+        """Hand the monitor thread the workers to beat for (one assignment each: no lock)."""
+        self.workers = {c.worker_id: c.process.pid or 0 for c in self._children.values()}
+        self.ledgers = {c.worker_id: c.ledger for c in self._children.values()}
+
+    def _spawn(self, slot: int) -> None:
+        self._spawned += 1
+        worker_id = f"{self.base_id}/{slot}.{self._spawned}"[-64:]
+        in_flight = self.options.get("in_flight", 1)
+        ledger = Ledger(self._context, ledger_size(self.batch_size, in_flight), in_flight)
+        options = {**self.options, "worker_id": worker_id, "max_batch": self.batch_size}
+        inbox = self.relay.add(worker_id)
+        process = self._context.Process(
+            target=run_child,
+            args=(options, self.verbosity, ledger, os.getpid(), inbox),
+            name=f"runjobs worker {worker_id}",
+        )
+        process.start()
+        if inbox is not None:
+            inbox.close()  # the child has its copy; the relay's end alone stays here
+        self._children[slot] = Child(worker_id, process, ledger, time.monotonic())
+        self._publish()
+        self.monitor.beat_soon()  # register it before it claims
+        if self.stopping:  # a stop that came while it started: it must hear it too
+            os.kill(process.pid or 0, signal.SIGKILL if self.interrupted else signal.SIGTERM)
+
+    def _ended(self, child: Child) -> None:
+        code = child.process.exitcode
+        assert code is not None  # _watch() handles a child only after join()
+        if code == EXIT_UNAVAILABLE:
+            self.unavailable = True
+        if self.interrupted:
+            reason = FailureReason.INTERRUPTED
+            error: Exception = WorkerInterrupted(
+                "runjobs was told twice to stop, and stopped at once"
+            )
+        else:
+            if child.timed_out is not None:
+                how = f"was stopped: job {child.timed_out} passed its timeout"
+            elif code < 0:
+                how = f"was killed by {signal.Signals(-code).name}"
+            else:
+                how = f"exited {code}"
+            reason, error = FailureReason.LOST, WorkerLost(f"its worker process {how}")
+            if code not in (0, EXIT_RECYCLE, EXIT_UNAVAILABLE):
+                logger.warning(
+                    "Worker %s %s",
+                    child.worker_id,
+                    how,
+                    extra={"event": "worker.ended", "worker_id": child.worker_id, "exit": code},
+                )
+        if metrics.recorder is not None:
+            exit_kind = {0: "stopped", EXIT_RECYCLE: "recycled", EXIT_UNAVAILABLE: "unavailable"}
+            metrics.recorder.worker_exits_total.labels(exit_kind.get(code, "died")).inc()
+        started = {pk for pk, mark in child.ledger.marks().items() if mark == STARTED}
+        self.monitor.submit(
+            functools.partial(settle, child.worker_id, started, reason, error, child.timed_out)
+        )
+
+    def _should_replace(self, child: Child) -> bool:
+        code = child.process.exitcode
+        return not self.stopping and code not in (0, EXIT_UNAVAILABLE)
+
+
+def start_scheduler(name: str) -> SchedulerThread:
+    from ..schedules.scheduler import SchedulerThread
+
+    thread = SchedulerThread(name)
+    thread.start()
+    return thread
+
+
+def run_child(
+    options: dict[str, Any],
+    verbosity: int,
+    ledger: Ledger,
+    parent: int,
+    inbox: Connection | None = None,
+) -> None:
+    """The body of a worker process; `inbox`: its pipe from the supervisor's relay."""
+    _die_with_parent()
+    import django
+
+    django.setup()
+    from ..receivers import watch_for_dead_peers
+    from .wakeup import receive_from
+    from .worker import Worker
+
+    watch_for_dead_peers()
+
+    if inbox is not None:
+        receive_from(inbox)  # its Waiter reads the relay instead of listening itself
+
+    configure_logging(verbosity)  # a spawned process starts with the project's logging only
+    if os.environ.get(metrics.ENV):  # the supervisor serves --metrics-port
+        metrics.install()
+    # Ctrl-C reaches the whole process group: the supervisor alone decides what it means.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    worker = Worker(**options, ledger=ledger, parent=parent)
+    signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop())
+    worker.run()
+    if worker.unavailable:
+        sys.exit(EXIT_UNAVAILABLE)
+    sys.exit(EXIT_RECYCLE if worker.reached_max_jobs and not worker.stopping else 0)
+
+
+def _die_with_parent() -> None:
+    """On Linux, have the kernel kill this process when its supervisor dies: nobody would
+    heartbeat for it or stop it at a deadline. (Elsewhere the worker loop checks.)"""
+    if sys.platform != "linux":
+        return
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

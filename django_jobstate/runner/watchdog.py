@@ -1,0 +1,102 @@
+"""The watchdog thread beside a worker that runs in this process (`Worker.run()`).
+
+Under `runjobs` the supervisor does this job from its own process (supervisor.py), which
+a task that holds the interpreter cannot silence; a worker run in-process (tests, an
+embedding program) has only a thread. It heartbeats, rescues the attempts of lost
+workers (liveness.py), passes cancel requests to the worker's ledger at each beat
+(cancels.py), and fails the attempt in hand once it is past its timeout (or its cancel
+grace). A thread cannot stop the task: it runs on, and its late outcome is refused.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from django.db import DatabaseError
+
+from ..managers import close_connection, connection_lost
+from ..models import Job, WorkerHeartbeat
+from .cancels import pass_cancel_requests
+from .liveness import Pulse
+
+if TYPE_CHECKING:
+    from .worker import Worker
+
+logger = logging.getLogger("django_jobstate.worker")
+
+
+class Watchdog(threading.Thread):
+    """Heartbeats for its worker, rescues lost workers' attempts, fails overdue attempts."""
+
+    def __init__(self, worker: Worker) -> None:
+        super().__init__(name=f"jobstate-watchdog-{worker.worker_id}", daemon=True)
+        self.worker = worker
+        self.pulse = Pulse(f"Worker {worker.worker_id}")
+        self._done = threading.Event()
+        self._overdue: list[int] = []  # attempts past their deadline, not yet failed
+
+    def run(self) -> None:
+        interval = self.pulse.settings.HEARTBEAT_INTERVAL
+        next_beat = time.monotonic() + interval  # Worker.run() made the first beat
+        try:
+            while not self._done.is_set():
+                now = time.monotonic()
+                if (pk := self.worker.ledger.overdue(now)) is not None:
+                    self._overdue.append(pk)
+                self._time_out()
+                if now >= next_beat:
+                    next_beat = now + interval
+                    self.beat()
+                    self.pulse.rescue([self.worker.worker_id])
+                    ledgers = {self.worker.worker_id: self.worker.ledger}
+                    pass_cancel_requests(ledgers, self.pulse.name)
+                # Twice a second while an overdue write waits for the database.
+                wake = min(next_beat, self.worker.ledger.next_deadline())
+                if self._overdue:
+                    wake = min(wake, now + 0.5)
+                self._done.wait(max(0.01, wake - time.monotonic()))
+        finally:
+            close_connection()
+
+    def beat(self) -> None:
+        self.pulse.beat({self.worker.worker_id: os.getpid()}, self.worker.queues)
+
+    def _time_out(self) -> None:
+        for pk in list(self._overdue):
+            try:
+                Job.objects.time_out(self.worker.worker_id, pk)
+            except DatabaseError as exc:
+                if not connection_lost(exc):  # it would fail again: do not hold up the rest
+                    logger.error(
+                        "Worker %s: could not fail job %s as timed out, and would not on "
+                        "a retry: %s",
+                        self.worker.worker_id,
+                        pk,
+                        exc,
+                        exc_info=True,
+                        extra={"event": "job.write_refused", "job_id": pk},
+                    )
+                    self._overdue.remove(pk)
+                    continue
+                logger.warning(
+                    "Worker %s: database unavailable; will fail job %s as timed out later",
+                    self.worker.worker_id,
+                    pk,
+                    exc_info=True,
+                    extra={"event": "database.unavailable", "job_id": pk},
+                )
+                close_connection()
+                return
+            self._overdue.remove(pk)
+
+    def finish(self) -> None:
+        self._done.set()
+        self.join()
+        try:
+            WorkerHeartbeat.objects.forget(self.worker.worker_id)
+        except DatabaseError:
+            close_connection()  # its row is forgotten as lost later

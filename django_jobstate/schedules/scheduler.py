@@ -1,0 +1,289 @@
+"""The scheduler: enqueues each tick of each schedule exactly once, with no leader.
+
+Every `runjobs` supervisor runs one (a thread, SchedulerThread). Per wake-up it reads the
+earliest ticks of the enabled schedules (one query on an index) with the database's clock,
+and for each one due it makes one short transaction that begins with a compare-and-set:
+
+    UPDATE schedule SET next_tick_at = <the tick after now>
+     WHERE name = ... AND next_tick_at = <the due tick it read>
+       AND definition_hash = <its own> AND enabled AND removed_at IS NULL
+
+and, if that changed the row, inserts the tick's job. Of any number of schedulers that
+read the same due tick, one changes the row; the others wait for its commit and match no
+row. If it dies before committing, its transaction rolls back and the next one wins: a
+tick is never lost, never enqueued twice (and a unique index on the first attempt of each
+(schedule, tick) is the backstop: a tick it finds enqueued already is skipped, and the
+schedule moves on). Times come from the database (PostgreSQL's clock;
+SQLite's is this machine's): a scheduler whose own clock is ahead neither ticks early nor
+twice. A scheduler whose definition is not the stored one (a rolling deploy) matches no
+row, so it cannot enqueue with it. One schedule whose tick fails, whatever it raises, is
+logged and tried again later; the others go on.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from datetime import datetime
+from typing import Any
+
+from django.db import DatabaseError, IntegrityError, connections, router, transaction
+from django.db.models import F
+from django.db.models.expressions import RawSQL
+from django.utils import timezone
+
+from ..managers import connection_lost
+from ..models import Job, Schedule
+from ..tasksapi import InvalidTask
+from .definitions import Definition, Plan
+from .settings import load
+from .writes import db_now, enqueue_tick, sync
+
+__all__ = ["Scheduler", "SchedulerThread", "db_now", "enqueue_tick", "sync"]
+
+logger = logging.getLogger("django_jobstate.scheduler")
+
+DUE_BATCH = 100  # due rows handled per query
+MAX_SLEEP = 10.0  # seconds between reads when no tick is nearer (an admin's enable, a sync)
+WAKE_MARGIN = 0.002  # past the tick, so that it is due by the time the query runs
+HOLD = 10.0  # seconds before retrying a schedule whose tick failed (its task is missing...)
+# On PostgreSQL, a tick's transaction neither waits long for a row another scheduler holds,
+# nor holds one long: a scheduler paused inside it (SIGSTOP, a frozen VM) is disconnected,
+# its transaction rolled back, and the tick left for the others.
+PG_GUARDS = "SET LOCAL lock_timeout = '2s'; SET LOCAL idle_in_transaction_session_timeout = '5s'"
+LOCK_NOT_AVAILABLE = "55P03"
+
+
+class Scheduler:
+    """One process's scheduler: call run_once() and sleep for the seconds it returns."""
+
+    def __init__(self, name: str, definitions: dict[str, Definition] | None = None) -> None:
+        self.name = name
+        self.settings_valid = True  # sync() removes the rows of names gone only then
+        if definitions is None:
+            definitions, errors = load()
+            for exc in errors:
+                logger.error("%s: not scheduled: %s", name, exc)
+            self.settings_valid = not errors
+        self.definitions = definitions
+        if definitions:
+            listed = [f"{d.name} ({d.expression})" for d in list(definitions.values())[:10]]
+            more = f" and {len(definitions) - 10} more" if len(definitions) > 10 else ""
+            logger.info("%s: schedules %s%s", name, ", ".join(listed), more)
+        self.by_hash = {d.hash: d for d in definitions.values()}
+        self.synced = False
+        self._hold: dict[str, float] = {}  # {name: monotonic time before which not to try}
+
+    def run_once(self) -> float:
+        """Enqueue the due ticks; return the seconds until the next one may be due.
+
+        One schedule that fails (whatever it raises) is logged and tried again later: it
+        never stops the others. Only a lost connection ends the wake-up.
+        """
+        if not self.synced:  # even with none: the rows of removed schedules say so
+            sync(self.definitions.values(), remove=self.settings_valid)
+            self.synced = True
+        if not self.definitions:
+            return MAX_SLEEP
+        db = router.db_for_write(Schedule)
+        rows, now = self._earliest(db)
+        wait, ticked = MAX_SLEEP, False
+        for name, due, definition_hash in rows:
+            if due > now:
+                wait = min(wait, (due - now).total_seconds())
+                break
+            held = self._hold.get(name, 0) - time.monotonic()
+            if held > 0:
+                wait = min(wait, held)
+                continue
+            try:
+                self._tick(db, self.by_hash[definition_hash], due, now)
+            except DatabaseError as exc:
+                if connection_lost(exc):
+                    raise  # the database is away: SchedulerThread waits for it
+                self._fail(name, due, exc)
+            except Exception as exc:
+                self._fail(name, due, exc)
+            ticked = True
+        return 0.0 if ticked else wait + WAKE_MARGIN
+
+    def _earliest(self, db: str) -> tuple[list[tuple[str, datetime, str]], datetime]:
+        """The earliest ticks of the enabled schedules this process defines as stored, and
+        the database's now, in one query on jobstate_schedule_due."""
+        rows = Schedule.objects.using(db).filter(
+            enabled=True, removed_at=None, definition_hash__in=list(self.by_hash)
+        )
+        fields = ["name", "next_tick_at", "definition_hash"]
+        if connections[db].vendor == "postgresql":
+            now_sql = RawSQL("STATEMENT_TIMESTAMP()", [])
+            found = list(
+                rows.annotate(db_now=now_sql)
+                .order_by("next_tick_at")
+                .values_list(*fields, "db_now")[: DUE_BATCH + 1]
+            )
+            now = found[0][3] if found else timezone.now()
+            return [row[:3] for row in found], now
+        found = list(rows.order_by("next_tick_at").values_list(*fields)[: DUE_BATCH + 1])
+        return found, db_now(db)  # SQLite: this machine's clock
+
+    def _tick(self, db: str, d: Definition, due: datetime, now: datetime) -> None:
+        plan = d.plan(due, now)
+        try:
+            try:
+                self._write_tick(db, d, due, plan, enqueued_checked=False)
+            except IntegrityError:
+                # The backstop index met a tick enqueued already (a rolling deploy whose
+                # store raced a tick of the old definition, a Run now at the very tick):
+                # skip those ticks, so that the schedule moves on.
+                self._write_tick(db, d, due, plan, enqueued_checked=True)
+        except DatabaseError as exc:
+            if isinstance(exc, IntegrityError) or (
+                getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+            ):
+                self._hold_off(d, exc)
+                return
+            raise
+        except (InvalidTask, TypeError, ValueError) as exc:
+            self._hold_off(d, exc)
+
+    def _write_tick(
+        self, db: str, d: Definition, due: datetime, plan: Plan, *, enqueued_checked: bool
+    ) -> None:
+        connection = connections[db]
+        with transaction.atomic(using=db):
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(PG_GUARDS)
+            won = Schedule.objects.using(db).filter(
+                name=d.name,
+                next_tick_at=due,
+                definition_hash=d.hash,
+                enabled=True,
+                removed_at=None,
+            )
+            if not won.update(next_tick_at=plan.next_tick_at):
+                logger.debug(
+                    "Schedule %s: tick %s taken by another scheduler (or the row changed)",
+                    d.name,
+                    due.isoformat(),
+                )
+                return
+            ticks = self._not_enqueued(db, d, plan.enqueue) if enqueued_checked else plan.enqueue
+            self._enqueue(db, d, ticks, plan)
+
+    def _not_enqueued(self, db: str, d: Definition, ticks: list[datetime]) -> list[datetime]:
+        """`ticks` less those whose job is in the table already (on the backstop's index)."""
+        jobs = Job.objects.using(db).filter(
+            schedule_name=d.name, attempt=1, scheduled_for__in=ticks
+        )
+        found = {job.scheduled_for: job.pk for job in jobs.only("scheduled_for")}
+        for tick in ticks:
+            if tick in found:
+                logger.info(
+                    "Schedule %s: tick %s was enqueued already (job %s); moving on",
+                    d.name,
+                    tick.isoformat(),
+                    found[tick],
+                )
+        return [tick for tick in ticks if tick not in found]
+
+    def _enqueue(self, db: str, d: Definition, ticks: list[datetime], plan: Plan) -> None:
+        updates: dict[str, Any] = {}
+        last = None
+        if d.unique:  # its last tick's job, which a unique task's tick checks
+            row = Schedule.objects.using(db).filter(name=d.name).values_list("last_result_id")
+            last = next(iter(row), (None,))[0]
+        for tick in ticks:
+            job = enqueue_tick(db, d, tick, last_result_id=last)
+            if job.deduplicated:
+                logger.info(
+                    "Schedule %s: tick %s skipped, job %s (its last run, or another with its "
+                    "task's unique key) is still %s",
+                    d.name,
+                    tick.isoformat(),
+                    job.pk,
+                    job.state,
+                )
+                updates["skipped"] = F("skipped") + 1
+                updates["last_skipped_at"] = tick
+            else:
+                logger.debug("Schedule %s: tick %s enqueued as job %s", d.name, tick, job.pk)
+                updates.update(last_tick_at=tick, last_result_id=job.result_id)
+                last = job.result_id
+        if plan.missed:
+            logger.warning(
+                "Schedule %s: %d tick(s) before %s not enqueued (catch_up=%s, max_lateness=%gs)",
+                d.name,
+                plan.missed,
+                plan.next_tick_at.isoformat(),
+                d.catch_up,
+                d.max_lateness,
+            )
+            updates["missed"] = F("missed") + plan.missed
+        if updates:
+            Schedule.objects.using(db).filter(name=d.name).update(**updates)
+
+    def _hold_off(self, d: Definition, exc: BaseException) -> None:
+        if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+            self._hold[d.name] = time.monotonic() + 1.0  # another holds it: try again soon
+            return
+        logger.error(
+            "%s: schedule %s could not enqueue its tick; retrying in %gs: %s",
+            self.name,
+            d.name,
+            HOLD,
+            exc,
+        )
+        self._hold[d.name] = time.monotonic() + HOLD
+
+    def _fail(self, name: str, due: datetime, exc: BaseException) -> None:
+        """A schedule's tick raised what no one expected: say which, and go on."""
+        logger.error(
+            "%s: schedule %s failed at its tick %s; the other schedules go on, and it is "
+            "tried again in %gs: %s: %s",
+            self.name,
+            name,
+            due.isoformat(),
+            HOLD,
+            type(exc).__name__,
+            exc,
+            exc_info=exc,
+        )
+        self._hold[name] = time.monotonic() + HOLD
+
+
+class SchedulerThread(threading.Thread):
+    """Runs a Scheduler until stop(); a database error is logged and retried."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name="jobstate-scheduler", daemon=True)
+        self.scheduler_name = self.name_ = name
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        from ..managers import close_connection
+
+        failures = 0
+        scheduler = None
+        try:
+            while not self._stop_event.is_set():
+                try:
+                    scheduler = scheduler or Scheduler(self.scheduler_name)
+                    wait = scheduler.run_once()
+                    failures = 0
+                except DatabaseError as exc:
+                    failures += 1
+                    logger.warning("%s: database unavailable (%s); will retry", self.name_, exc)
+                    close_connection()
+                    wait = min(0.25 * 2**failures, 5.0)
+                except Exception:  # a bug must not stop every schedule for good
+                    logger.exception("%s: the scheduler failed; will retry", self.name_)
+                    wait = HOLD
+                self._stop_event.wait(wait)
+        finally:
+            close_connection()
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(10)
