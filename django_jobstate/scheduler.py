@@ -28,7 +28,7 @@ import time
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, router
 from django.db.models import F
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
@@ -36,7 +36,7 @@ from django.utils import timezone
 from .managers import connection_lost
 from .models import Job, Schedule
 from .schedule_settings import load
-from .schedule_writes import db_now, enqueue_tick, sync
+from .schedule_writes import db_now, enqueue_tick, lock_not_available, sync, tick_transaction
 from .schedules import Definition, Plan
 from .tasksapi import InvalidTask
 
@@ -48,11 +48,6 @@ DUE_BATCH = 100  # due rows handled per query
 MAX_SLEEP = 10.0  # seconds between reads when no tick is nearer (an admin's enable, a sync)
 WAKE_MARGIN = 0.002  # past the tick, so that it is due by the time the query runs
 HOLD = 10.0  # seconds before retrying a schedule whose tick failed (its task is missing...)
-# On PostgreSQL, a tick's transaction neither waits long for a row another scheduler holds,
-# nor holds one long: a scheduler paused inside it (SIGSTOP, a frozen VM) is disconnected,
-# its transaction rolled back, and the tick left for the others.
-PG_GUARDS = "SET LOCAL lock_timeout = '2s'; SET LOCAL idle_in_transaction_session_timeout = '5s'"
-LOCK_NOT_AVAILABLE = "55P03"
 
 
 class Scheduler:
@@ -138,9 +133,7 @@ class Scheduler:
                 # skip those ticks, so that the schedule moves on.
                 self._write_tick(db, d, due, plan, enqueued_checked=True)
         except DatabaseError as exc:
-            if isinstance(exc, IntegrityError) or (
-                getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
-            ):
+            if isinstance(exc, IntegrityError) or lock_not_available(exc):
                 self._hold_off(d, exc)
                 return
             raise
@@ -150,11 +143,7 @@ class Scheduler:
     def _write_tick(
         self, db: str, d: Definition, due: datetime, plan: Plan, *, enqueued_checked: bool
     ) -> None:
-        connection = connections[db]
-        with transaction.atomic(using=db):
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute(PG_GUARDS)
+        with tick_transaction(db):
             won = Schedule.objects.using(db).filter(
                 name=d.name,
                 next_tick_at=due,
@@ -225,7 +214,7 @@ class Scheduler:
             Schedule.objects.using(db).filter(name=d.name).update(**updates)
 
     def _hold_off(self, d: Definition, exc: BaseException) -> None:
-        if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+        if lock_not_available(exc):
             self._hold[d.name] = time.monotonic() + 1.0  # another holds it: try again soon
             return
         logger.error(
