@@ -9,7 +9,8 @@ class JobStateConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from . import checks, checks_tasks, schedule_settings  # noqa: F401  (register the system checks)
+        # Register the system checks.
+        from . import checks, checks_mysql, checks_tasks, schedule_settings  # noqa: F401
         from .conf import reload_settings
         from .receivers import configure_sqlite
 
