@@ -13,7 +13,7 @@ read the same due tick, one changes the row; the others wait for its commit and 
 row. If it dies before committing, its transaction rolls back and the next one wins: a
 tick is never lost, never enqueued twice (and a unique index on the first attempt of each
 (schedule, tick) is the backstop: a tick it finds enqueued already is skipped, and the
-schedule moves on). Times come from the database (PostgreSQL's clock;
+schedule moves on). Times come from the database (PostgreSQL's and MariaDB/MySQL's clock;
 SQLite's is this machine's): a scheduler whose own clock is ahead neither ticks early nor
 twice. A scheduler whose definition is not the stored one (a rolling deploy) matches no
 row, so it cannot enqueue with it. One schedule whose tick fails, whatever it raises, is
@@ -33,6 +33,7 @@ from django.db.models import F
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from .dbclock import Now
 from .managers import connection_lost
 from .models import Job, Schedule
 from .schedule_settings import load
@@ -110,8 +111,9 @@ class Scheduler:
             enabled=True, removed_at=None, definition_hash__in=list(self.by_hash)
         )
         fields = ["name", "next_tick_at", "definition_hash"]
-        if connections[db].vendor == "postgresql":
-            now_sql = RawSQL("STATEMENT_TIMESTAMP()", [])
+        vendor = connections[db].vendor
+        if vendor in ("postgresql", "mysql"):
+            now_sql = RawSQL("STATEMENT_TIMESTAMP()", []) if vendor == "postgresql" else Now()
             found = list(
                 rows.annotate(db_now=now_sql)
                 .order_by("next_tick_at")
