@@ -53,7 +53,7 @@ def check_mysql_indexes(
         return []
     from .models import Job
 
-    found = []
+    found: list[CheckMessage] = []
     for alias in databases or []:
         connection = connections[alias]
         if connection.vendor != "mysql" or not router.allow_migrate_model(alias, Job):

@@ -79,7 +79,7 @@ def tick_transaction(db: str) -> Iterator[None]:
                     cursor.execute(PG_GUARDS)
             yield
         return
-    mariadb = connection.mysql_is_mariadb
+    mariadb = getattr(connection, "mysql_is_mariadb", False)  # the MySQL backend's
     with connection.cursor() as cursor:
         cursor.execute(MYSQL_GUARDS + (MARIADB_GUARDS if mariadb else ""))
     try:
