@@ -202,6 +202,7 @@ def test_a_retry_keeps_the_tick_and_the_backstop_refuses_a_second_first_attempt(
 
 
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite's clock is this machine's")
+@pytest.mark.django_db(transaction=True)  # MySQL's ANALYZE TABLE commits
 def test_hundreds_of_schedules_cost_one_indexed_query_per_wake_up():
     definitions = [every(60, name=f"s{i}") for i in range(500)]
     s = scheduler(*definitions)
@@ -209,6 +210,8 @@ def test_hundreds_of_schedules_cost_one_indexed_query_per_wake_up():
     analyze = "ANALYZE" if connection.vendor == "postgresql" else "ANALYZE TABLE"
     with connection.cursor() as cursor:
         cursor.execute(f"{analyze} {Schedule._meta.db_table}")
+        if connection.vendor == "mysql":
+            cursor.fetchall()  # its report
     with CaptureQueriesContext(connection) as queries:
         s.run_once()
     assert len(queries) == 1

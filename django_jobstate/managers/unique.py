@@ -119,8 +119,11 @@ class EnqueueUnique(MySQLWrites):
         """
         scope = UniqueScope(cast(str, template.unique_scope))
         holders: dict[str, Job] = {}
+        # On MariaDB/MySQL the INSERT of a held key locks the holder's index entry (and
+        # racing ones deadlock), so a plain read looks for the holders first.
+        read_first = connections[db].vendor == "mysql"
         for round_ in range(UNIQUE_ROUNDS):
-            if round_ > 0:
+            if round_ > 0 or read_first:
                 keys = [cast(str, job.unique_key) for _, job in todo]
                 for holder in self.using(db).filter(HOLDS_KEY[scope], unique_key__in=keys):
                     holder.deduplicated = True
