@@ -16,7 +16,8 @@ from django_jobstate.management.arguments import (
     queue_name,
 )
 from django_jobstate.receivers import watch_for_dead_peers
-from django_jobstate.runner.supervisor import Supervisor, configure_logging
+from django_jobstate.runner.child import configure_logging
+from django_jobstate.runner.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from django_jobstate.telemetry.gauges import Exporter
