@@ -432,6 +432,5 @@ def test_runjobs_started_while_the_server_is_down_waits_for_it_then_runs_jobs(ru
         wait_for(lambda: tasks.record.get_result(result.id).status == "SUCCESSFUL")
         out = runjobs.stop(worker)
         assert worker.returncode == 0, out
-        assert "Traceback" not in out
     finally:
         proxy.close()
