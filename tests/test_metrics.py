@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.models import Job, JobQueue, WorkerHeartbeat
 from django_jobstate.states import State
-from django_jobstate.telemetry.metrics import live_counts, oldest_ages
+from django_jobstate.telemetry.gauges import live_counts, oldest_ages
 from tests import tasks
 from tests.conftest import ROOT, subprocess_env
 from tests.factories import JobFactory
