@@ -207,17 +207,22 @@ def render_table(
     results: dict[str, Any],
     problems: list[tuple[str, str, str]],
 ) -> str:
-    pg = meta.get("postgresql")
+    pg, my = meta.get("postgresql"), meta.get("mysql")
     if pg:
         server = (
             f"PostgreSQL {pg['server_version']} (fsync={pg['fsync']}, "
             f"synchronous_commit={pg['synchronous_commit']}, autovacuum={pg['autovacuum']})"
         )
+    elif my:
+        server = (
+            f"MariaDB {my['version']} (innodb_flush_log_at_trx_commit="
+            f"{my['innodb_flush_log_at_trx_commit']}; READ COMMITTED, Django's default)"
+        )
     else:
         server = f"SQLite {meta.get('sqlite')} (WAL)"
     load = ", ".join(f"{x:.2f}" for x in meta["load_average"])
     commits = meta.get("commits_per_second") or {}
-    tool = "pgbench" if pg else "sqlite3, WAL"
+    tool = "pgbench" if pg else "mysqlclient" if my else "sqlite3, WAL"
     machine = " / ".join(f"{commits[c]:,.0f}" for c in sorted(commits))
     clients = " / ".join(sorted(commits))
     keys = [s.key for s in systems]

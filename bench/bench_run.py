@@ -6,6 +6,7 @@ Nothing here imports Django: every database read or write goes through a
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import glob
 import json
@@ -16,7 +17,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +120,13 @@ class Database:
             env = self.env(system, "")
             helper(env, "reset")
             return env
+        if self.vendor == "mysql":
+            # MariaDB has no template databases: each fresh one is migrated anew (a few
+            # seconds, untimed), for every system alike.
+            env = self.env(system)
+            self._recreate(self.name(system))
+            helper(env, "migrate")
+            return env
         template = self.name(system, "_tpl")
         if system.key not in self._templates:
             self._recreate(template)
@@ -140,6 +150,13 @@ class Database:
             for suffix in ("", "-wal", "-shm"):
                 Path(name + suffix).unlink(missing_ok=True)
             return
+        if self.vendor == "mysql":
+            with mysql_admin() as cursor:
+                cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
+                cursor.execute(f"CREATE DATABASE `{name}` CHARACTER SET utf8mb4")
+            if name not in self._created:
+                self._created.append(name)
+            return
         with pg_admin() as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
             conn.execute(
@@ -153,6 +170,18 @@ class Database:
             import sqlite3
 
             return {"sqlite": sqlite3.sqlite_version}
+        if self.vendor == "mysql":
+            with mysql_admin() as cursor:
+                cursor.execute("SELECT VERSION()")
+                show = {"version": cursor.fetchone()[0]}
+                cursor.execute(
+                    "SHOW GLOBAL VARIABLES WHERE Variable_name IN ("
+                    + ", ".join(["%s"] * len(MYSQL_SETTINGS))
+                    + ")",
+                    MYSQL_SETTINGS,
+                )
+                show |= dict(cursor.fetchall())
+            return {"mysql": show}
         with pg_admin() as conn:
             show = {s: conn.execute(f"SHOW {s}").fetchone()[0] for s in PG_SETTINGS}
         return {"postgresql": show}
@@ -161,6 +190,8 @@ class Database:
         """What the machine can commit: single-row UPDATE commits/s, 1 and 4 clients."""
         if self.vendor == "sqlite":
             return {"1": sqlite_commits(self.workdir / "calibrate.sqlite3", seconds)}
+        if self.vendor == "mysql":
+            return {str(c): mysql_commits(f"{self.prefix}_calibrate", c, seconds) for c in (1, 4)}
         pgbench = shutil.which("pgbench") or next(
             iter(sorted(glob.glob("/usr/lib/postgresql/*/bin/pgbench"), reverse=True)), None
         )
@@ -200,6 +231,10 @@ class Database:
             with pg_admin() as conn:
                 for name in reversed(self._created):
                     conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        if self.vendor == "mysql":
+            with mysql_admin() as cursor:
+                for name in [*reversed(self._created), f"{self.prefix}_calibrate"]:
+                    cursor.execute(f"DROP DATABASE IF EXISTS `{name}`")
 
 
 PG_SETTINGS = ["server_version", "fsync", "synchronous_commit", "full_page_writes", "autovacuum"]
@@ -218,6 +253,61 @@ def sqlite_commits(path: Path, seconds: float) -> float:
         count += 1
     conn.close()
     return count / seconds
+
+
+MYSQL_SETTINGS = [
+    "innodb_flush_log_at_trx_commit",
+    "innodb_doublewrite",
+    "sync_binlog",
+    "log_bin",
+]
+
+
+@contextlib.contextmanager
+def mysql_admin(database: str | None = None) -> Iterator[Any]:
+    """A cursor in autocommit on the server of JOBSTATE_MYSQL_* (scripts/mysql's)."""
+    import MySQLdb
+
+    conn = MySQLdb.connect(
+        host=os.environ.get("JOBSTATE_MYSQL_HOST", "127.0.0.1"),
+        port=int(os.environ.get("JOBSTATE_MYSQL_PORT", "3306")),
+        user=os.environ.get("JOBSTATE_MYSQL_USER", "jobstate"),
+        password=os.environ.get("JOBSTATE_MYSQL_PASSWORD", ""),
+        **({"database": database} if database else {}),
+    )
+    conn.autocommit(True)
+    try:
+        yield conn.cursor()
+    finally:
+        conn.close()
+
+
+def mysql_commits(name: str, clients: int, seconds: float) -> float:
+    """Single-row UPDATE commits/s of `clients` connections (threads: the time is the
+    server's, the GIL is released while each waits), pgbench's figure for MariaDB."""
+    with mysql_admin() as cursor:
+        cursor.execute(f"CREATE DATABASE IF NOT EXISTS `{name}`")
+        cursor.execute(f"CREATE TABLE IF NOT EXISTS `{name}`.t (id INT PRIMARY KEY, n INT)")
+        cursor.execute(
+            f"INSERT IGNORE INTO `{name}`.t VALUES " + ",".join(f"({i}, 0)" for i in range(1, 1001))
+        )
+    counts = [0] * clients
+    deadline = time.perf_counter() + seconds
+
+    def client(k: int) -> None:
+        with mysql_admin(name) as cursor:
+            while time.perf_counter() < deadline:
+                cursor.execute(
+                    "UPDATE t SET n = n + 1 WHERE id = %s", (k * 250 + counts[k] % 250 + 1,)
+                )
+                counts[k] += 1
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return sum(counts) / seconds
 
 
 def pg_admin() -> Any:

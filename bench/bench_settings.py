@@ -1,8 +1,8 @@
 """Settings shared by the benchmark's two runners (see bench_settings_jobstate/_tasksdb).
 
 The database comes from the environment, set by bench.py for each fresh database:
-BENCH_DB (sqlite or postgres) and BENCH_DB_NAME (a file path or a database name), and
-the usual PG* variables for the server.
+BENCH_DB (sqlite, postgres or mysql) and BENCH_DB_NAME (a file path or a database name),
+and the usual PG* variables for PostgreSQL, JOBSTATE_MYSQL_* (scripts/mysql) for MariaDB.
 """
 
 import os
@@ -34,6 +34,17 @@ def database(sqlite_options: dict[str, Any] | None = None) -> dict[str, Any]:
             "USER": os.environ.get("PGUSER", "postgres"),
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
         }
+    if vendor == "mysql":  # the same settings for both runners, as the test suite's
+        return {
+            **common,
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": name,
+            "HOST": os.environ.get("JOBSTATE_MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("JOBSTATE_MYSQL_PORT", "3306"),
+            "USER": os.environ.get("JOBSTATE_MYSQL_USER", "jobstate"),
+            "PASSWORD": os.environ.get("JOBSTATE_MYSQL_PASSWORD", ""),
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
     if vendor == "sqlite":
         return {
             **common,
@@ -41,4 +52,4 @@ def database(sqlite_options: dict[str, Any] | None = None) -> dict[str, Any]:
             "NAME": name,
             "OPTIONS": sqlite_options or {},
         }
-    raise RuntimeError(f"BENCH_DB must be 'sqlite' or 'postgres', not {vendor!r}")
+    raise RuntimeError(f"BENCH_DB must be 'sqlite', 'postgres' or 'mysql', not {vendor!r}")

@@ -4,7 +4,8 @@ The `bench` app is installed only by bench/torture_settings.py.
 """
 
 from django.db import models
-from django.db.models.functions import Now
+
+from django_jobstate.dbclock import Now  # UTC on MariaDB too, as the jobs' times
 
 
 class Execution(models.Model):

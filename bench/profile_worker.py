@@ -1,6 +1,7 @@
 """Where django-jobstate's worker spends its time, per job.
 
-    python bench/profile_worker.py [--db sqlite|postgres] [--n 5000] [--top 15] [--cprofile]
+    python bench/profile_worker.py [--db sqlite|postgres|mysql] [--n 5000] [--top 15] [--cprofile]
+        [--workers 4]
 
 On a fresh database holding `n` no-op jobs. With py-spy installed (pip install py-spy):
 samples `manage.py runjobs --burst` (one worker process, as deployed; idle time included,
@@ -8,6 +9,10 @@ so database waits count) and prints the top functions of the worker's main threa
 inclusive and by own samples. Otherwise, or with --cprofile: cProfile of an in-process
 `Worker(burst=True).run()` (Python 3.12+ profiles every thread into one set of stacks, so
 the watchdog thread's entries are noise). PostgreSQL: the server in the PG* environment.
+MariaDB (--db mysql): the server in JOBSTATE_MYSQL_*; the statements, commits, lock waits
+and deadlocks per job are read from the server's counters (SHOW GLOBAL STATUS) around the
+drain, and --workers N drains with `runjobs --concurrency N` (no py-spy) to count them
+under contention.
 """
 
 from __future__ import annotations
@@ -89,9 +94,48 @@ def spy(env: dict[str, str], n: int, top: int, workdir: Path) -> int:
     return code
 
 
+COUNTERS = [
+    "Questions",
+    "Com_select",
+    "Com_update",
+    "Com_insert",
+    "Com_commit",
+    "Com_rollback",
+    "Handler_commit",
+    "Handler_read_next",
+    "Handler_read_key",
+    "Innodb_row_lock_waits",
+    "Innodb_row_lock_time",
+    "Innodb_deadlocks",
+    "Innodb_data_fsyncs",
+    "Innodb_log_writes",
+]
+
+
+def server_counters() -> dict[str, int]:
+    """MariaDB's global counters of what COUNTERS names (every session's, so the drain's
+    when nothing else runs on the server)."""
+    from bench.bench_run import mysql_admin
+
+    with mysql_admin() as cursor:
+        marks = ", ".join(["%s"] * len(COUNTERS))
+        cursor.execute(f"SHOW GLOBAL STATUS WHERE Variable_name IN ({marks})", COUNTERS)
+        return {name: int(value) for name, value in cursor.fetchall()}
+
+
+def print_counters(before: dict[str, int], after: dict[str, int], n: int) -> None:
+    print(f"--- MariaDB counters during the drain, per job ({n:,} jobs) ---")
+    for name in COUNTERS:
+        if name in after:
+            delta = after[name] - before.get(name, 0)
+            print(f"{name:24} {delta:10,}  {delta / n:8.3f}")
+    print()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--db", choices=["sqlite", "postgres"], default="sqlite")
+    parser.add_argument("--db", choices=["sqlite", "postgres", "mysql"], default="sqlite")
+    parser.add_argument("--workers", type=int, default=1, help="MariaDB: runjobs --concurrency")
     parser.add_argument("--n", type=int, default=5_000)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--prefix", default="bench_profile")
@@ -106,12 +150,22 @@ def main() -> int:
         try:
             env = db.fresh(JOBSTATE)
             helper(env, "seed", str(args.n))
-            if py_spy() and not args.cprofile:
+            before = server_counters() if args.db == "mysql" else {}
+            if args.workers > 1:
+                command = [sys.executable, "manage.py", "runjobs", "--burst", "-v", "0"]
+                command += ["--concurrency", str(args.workers)]
+                started = time.perf_counter()
+                code = subprocess.run(command, cwd=ROOT, env=env).returncode
+                took = time.perf_counter() - started
+                print(f"runjobs --concurrency {args.workers}: {took:.2f} s, start-up included")
+            elif py_spy() and not args.cprofile:
                 code = spy(env, args.n, args.top, Path(workdir))
             else:
                 command = [sys.executable, "-m", "bench.profile_worker", "--inside"]
                 command += ["--n", str(args.n), "--top", str(args.top)]
                 code = subprocess.run(command, cwd=ROOT, env=env).returncode
+            if before:
+                print_counters(before, server_counters(), args.n)
             problems = helper(env, "check", str(args.n))["problems"]
             if problems:
                 print("CHECK FAILED: " + "; ".join(problems))

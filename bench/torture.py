@@ -6,13 +6,16 @@
         --duration 180 [--seed N]
     python bench/torture.py --db sqlite --jobs 1500 --supervisors 2 --concurrency 2 --duration 90
     eval "$(scripts/pg stop)"
+    eval "$(scripts/mysql start)"  # MariaDB: JOBSTATE_MYSQL_* and JOBSTATE_MYSQL_CTL
+    python bench/torture.py --db mysql --jobs 3000 --supervisors 3 --concurrency 2 --duration 120
 
-It creates its own database (PostgreSQL: a new database on the PG* server, dropped at the
-end; SQLite: a temporary file), enqueues --jobs tasks (bench/torture_tasks.py) due over the
-first 90% of the faults, and starts --supervisors `manage.py runjobs --concurrency C`
-processes (settings: bench/torture_settings.py; heartbeat 0.5 s, lost after 4 s, every
-attempt with a timeout: JOBSTATE_DEFAULT_TIMEOUT 12 s). They all get the same --worker-id,
-and on PostgreSQL their clocks are skewed in turn by -/+/0 --skew seconds
+It creates its own database (PostgreSQL or MariaDB: a new database on the PG* or
+JOBSTATE_MYSQL_* server, dropped at the end; SQLite: a temporary file), enqueues --jobs
+tasks (bench/torture_tasks.py) due over the first 90% of the faults, and starts
+--supervisors `manage.py runjobs --concurrency C` processes (settings:
+bench/torture_settings.py; heartbeat 0.5 s, lost after 4 s, every attempt with a timeout:
+JOBSTATE_DEFAULT_TIMEOUT 12 s). They all get the same --worker-id,
+and on PostgreSQL and MariaDB their clocks are skewed in turn by -/+/0 --skew seconds
 (tests/clock_skew; SQLite uses the writing process's clock by design). For
 --duration seconds it then:
 - SIGKILLs random worker processes (the pids of the WorkerHeartbeat rows) and whole
@@ -22,10 +25,14 @@ and on PostgreSQL their clocks are skewed in turn by -/+/0 --skew seconds
   kill it at the deadline, stopped or not) and for less: a paused worker is a slow
   attempt, never lost, since its supervisor heartbeats for it;
 - takes the database away for longer than the lost-after window (PostgreSQL: `pg_ctl stop`,
-  then `start`; SQLite: another connection holds the write lock with BEGIN IMMEDIATE, as a
-  long bulk enqueue would), and restarts PostgreSQL once (`$JOBSTATE_PG_CTL restart`);
-- on PostgreSQL, as root, runs one more supervisor on a worker host of its own (a network
-  namespace reaching the server over a veth, tests/netns.py, through bench/torture_proxy.py)
+  then `start`; MariaDB: `$JOBSTATE_MYSQL_CTL stop`, then `start`; SQLite: another
+  connection holds the write lock with BEGIN IMMEDIATE, as a long bulk enqueue would), and
+  restarts the server once (`$JOBSTATE_PG_CTL restart`, `$JOBSTATE_MYSQL_CTL restart`);
+- on MariaDB, kills the supervisors' database connections (`KILL CONNECTION`) now and
+  then: each side must reconnect, as after a server restart, and lose no attempt;
+- on PostgreSQL and MariaDB, as root, runs one more supervisor on a worker host of its own
+  (a network namespace reaching the server over a veth, tests/netns.py, through
+  bench/torture_proxy.py)
   and cuts that link for longer than the window, then restores it: its attempts are
   rescued by the others, its late outcomes refused. Not root: skipped, with a note.
 - runs the workloads of bench/torture_workloads.py, each drawn from the seed and
@@ -137,6 +144,12 @@ UGLY_FAIL_RATE = 0.75  # planned failures per attempt of the tasks with unstorab
 CUT_WAIT = 10.0  # seconds the cut may wait for the partitioned host to run an attempt
 SPREAD = 0.9  # jobs are due over this fraction of --duration
 WORKER_ID = "torture"  # every supervisor's --worker-id: the same, on purpose
+# The server databases: the variable of their control script, their name, the script
+# that starts a throwaway one (and sets that variable).
+SERVER_CTL = {
+    "postgres": ("JOBSTATE_PG_CTL", "PostgreSQL", "scripts/pg"),
+    "mysql": ("JOBSTATE_MYSQL_CTL", "MariaDB", "scripts/mysql"),
+}
 T = TypeVar("T")
 
 
@@ -145,7 +158,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         description="Torture django-jobstate's runjobs and count what was lost or run twice.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
-    parser.add_argument("--db", choices=["postgres", "sqlite"], required=True)
+    parser.add_argument("--db", choices=["postgres", "sqlite", "mysql"], required=True)
     parser.add_argument("--jobs", type=int, default=1000, help="logical tasks to enqueue")
     parser.add_argument("--supervisors", type=int, default=2, help="runjobs processes at once")
     parser.add_argument("--concurrency", type=int, default=2, help="workers per supervisor")
@@ -175,9 +188,18 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         type=int,
         help="database outages longer than the lost-after window; default: duration/90, at least 1",
     )
-    parser.add_argument("--no-restart", action="store_true", help="do not restart PostgreSQL")
     parser.add_argument(
-        "--no-partition", action="store_true", help="no partitioned worker host (PostgreSQL)"
+        "--no-restart", action="store_true", help="do not restart PostgreSQL or MariaDB"
+    )
+    parser.add_argument(
+        "--no-partition",
+        action="store_true",
+        help="no partitioned worker host (PostgreSQL, MariaDB)",
+    )
+    parser.add_argument(
+        "--connection-kills",
+        type=int,
+        help="MariaDB: KILL CONNECTION of the supervisors' connections; default: duration/30",
     )
     parser.add_argument(
         "--skew", type=float, default=3600.0, help="seconds of clock skew of some supervisors"
@@ -224,14 +246,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if options.gil_jobs is None:
         options.gil_jobs = max(2, round(options.jobs / 250))
     workloads.resolve(options)
-    options.restart = options.db == "postgres" and not options.no_restart
-    needs_pg_ctl = options.restart or (options.db == "postgres" and options.outages)
-    if needs_pg_ctl and not os.environ.get("JOBSTATE_PG_CTL"):
+    server = options.db in SERVER_CTL
+    options.restart = server and not options.no_restart
+    if options.connection_kills is None:
+        options.connection_kills = max(2, round(d / 30)) if options.db == "mysql" else 0
+    elif options.connection_kills and options.db != "mysql":
+        parser.error("--connection-kills is for --db mysql")
+    ctl = SERVER_CTL.get(options.db)
+    if ctl and (options.restart or options.outages) and not os.environ.get(ctl[0]):
         parser.error(
-            "restarting and stopping PostgreSQL needs JOBSTATE_PG_CTL: run under "
-            '`eval "$(scripts/pg start)"`, or pass --no-restart --outages 0'
+            f"restarting and stopping {ctl[1]} needs {ctl[0]}: run under "
+            f'`eval "$({ctl[2]} start)"`, or pass --no-restart --outages 0'
         )
-    options.partition = options.db == "postgres" and not options.no_partition
+    options.partition = server and not options.no_partition
     return options
 
 
@@ -260,21 +287,29 @@ class Supervisor:
 
 
 class Database:
-    """A fresh database for one run, on the PG* server or in a temporary file."""
+    """A fresh database for one run, on the PG* or JOBSTATE_MYSQL_* server, or in a
+    temporary file."""
 
     def __init__(self, vendor: str, run_dir: Path) -> None:
         self.vendor = vendor
         if vendor == "sqlite":
             self.name = str(run_dir / "torture.sqlite3")
             return
+        self.name = f"jobstate_torture_{os.getpid()}_{uuid.uuid4().hex[:6]}"
+        if vendor == "mysql":
+            with mysql_admin() as cursor:
+                cursor.execute(f"CREATE DATABASE `{self.name}` CHARACTER SET utf8mb4")
+            return
         import psycopg
         from psycopg import sql
 
-        self.name = f"jobstate_torture_{os.getpid()}_{uuid.uuid4().hex[:6]}"
         with psycopg.connect(dbname=os.environ.get("PGDATABASE", "postgres"), autocommit=True) as c:
             c.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
 
     def drop(self) -> None:
+        if self.vendor == "mysql":
+            with mysql_admin() as cursor:
+                cursor.execute(f"DROP DATABASE IF EXISTS `{self.name}`")
         if self.vendor != "postgres":
             return
         import psycopg
@@ -290,7 +325,7 @@ class Partition:
     """A worker host of its own: a network namespace reaching the server over a veth pair,
     through a forwarder in the database host's namespace (bench/torture_proxy.py)."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, vendor: str) -> None:
         from tests import netns
 
         self.network = netns.Network(tag=f"t{os.getpid()}")
@@ -298,8 +333,12 @@ class Partition:
             db = self.network.namespace("db")
             self.host = self.network.namespace("w1")
             self.link = self.network.link(db, self.host)
-            port = os.environ["PGPORT"]
-            socket_path = Path(os.environ["JOBSTATE_PG_DIR"]) / f".s.PGSQL.{port}"
+            if vendor == "mysql":
+                port = os.environ["JOBSTATE_MYSQL_PORT"]
+                socket_path = Path(os.environ["JOBSTATE_MYSQL_DIR"]) / "mysql.sock"
+            else:
+                port = os.environ["PGPORT"]
+                socket_path = Path(os.environ["JOBSTATE_PG_DIR"]) / f".s.PGSQL.{port}"
             self.proxy = subprocess.Popen(
                 db.exec_args(
                     sys.executable,
@@ -319,14 +358,20 @@ class Partition:
         except BaseException:
             self.close()
             raise
-        self.env = {"PGHOST": self.link.db_address, "PGPORT": port}
+        if vendor == "mysql":
+            self.env = {"JOBSTATE_MYSQL_HOST": self.link.db_address, "JOBSTATE_MYSQL_PORT": port}
+        else:
+            self.env = {"PGHOST": self.link.db_address, "PGPORT": port}
 
     @staticmethod
-    def unavailable() -> str | None:
+    def unavailable(vendor: str) -> str | None:
         from tests import netns
 
-        if not os.environ.get("JOBSTATE_PG_DIR"):
-            return "no JOBSTATE_PG_DIR (the server's Unix socket): run under scripts/pg start"
+        variable, script = (
+            ("JOBSTATE_MYSQL_DIR", "mysql") if vendor == "mysql" else ("JOBSTATE_PG_DIR", "pg")
+        )
+        if not os.environ.get(variable):
+            return f"no {variable} (the server's Unix socket): run under scripts/{script} start"
         return netns.unavailable()
 
     def close(self) -> None:
@@ -351,6 +396,8 @@ class Torture(workloads.Workloads):
         self.away: tuple[float, Any] | None = None
         self.lock: sqlite3.Connection | None = None  # SQLite: holds the write lock
         self.cut_waits = 0
+        self.database_name = ""
+        self.own_connections: set[int] = set()  # MariaDB ids, spared by kill_connections
         self.init_workloads()
 
     # ---------------------------------------------------------------- set-up
@@ -369,17 +416,19 @@ class Torture(workloads.Workloads):
             )
             self.options.skew = 0.0
         if self.options.partition:
-            if reason := Partition.unavailable():
+            if reason := Partition.unavailable(self.options.db):
                 print(f"  NOTE: no network partition in this run: {reason}")
                 self.options.partition = False
             else:
-                self.partition = Partition(self.run_dir)
+                self.partition = Partition(self.run_dir, self.options.db)
 
     def _measure_offset(self) -> float:
         from django.db import connection
 
         if connection.vendor == "postgresql":
             query = "SELECT STATEMENT_TIMESTAMP()"
+        elif connection.vendor == "mysql":
+            query = "SELECT UTC_TIMESTAMP(6)"
         else:
             query = "SELECT STRFTIME('%Y-%m-%d %H:%M:%f', 'now')"
         with connection.cursor() as cursor:
@@ -388,7 +437,9 @@ class Torture(workloads.Workloads):
             after = time.time()
             value = cursor.fetchone()[0]
         if isinstance(value, str):
-            value = datetime.fromisoformat(value).replace(tzinfo=UTC)
+            value = datetime.fromisoformat(value)
+        if value.tzinfo is None:  # SQLite's text, MariaDB's UTC_TIMESTAMP: UTC
+            value = value.replace(tzinfo=UTC)
         return value.timestamp() - (before + after) / 2
 
     def db_now(self) -> datetime:
@@ -553,6 +604,9 @@ class Torture(workloads.Workloads):
         latest = max(0.05 * d, 0.9 * d - long_pause)
         events += [(rng.uniform(0.05 * d, latest), "pause_long") for _ in range(o.pauses)]
         events += [(rng.uniform(0.05, 0.85) * d, "pause_short") for _ in range(o.pauses)]
+        events += [
+            (rng.uniform(0.05, 0.85) * d, "kill_connections") for _ in range(o.connection_kills)
+        ]
         # One at a time, each followed by a window with the database and network back (so
         # that judges are judges again): outages, the partition, the restart.
         away = ["outage"] * o.outages + ["cut"] * o.partition + ["restart"] * o.restart
@@ -812,13 +866,40 @@ class Torture(workloads.Workloads):
         # When the SIGCONT was sent, on the database clock (this loop may come late).
         pause.resumed = self.db_now() - timedelta(seconds=time.monotonic() - pause.continued)
 
+    def kill_connections(self) -> bool:
+        """MariaDB: KILL CONNECTION of a few of the run database's connections that are not
+        this process's own (the supervisors', their workers', the partitioned host's), as a
+        proxy's idle timeout or a DBA would: each side must reconnect and lose nothing."""
+        from bench.torture_check import ConnectionKill
+
+        def query() -> list[int]:
+            with mysql_admin() as cursor:
+                cursor.execute(
+                    "SELECT ID FROM information_schema.PROCESSLIST WHERE DB = %s",
+                    [self.database_name],
+                )
+                return sorted(row[0] for row in cursor.fetchall())
+
+        theirs = [i for i in self.guarded(query, []) if i not in self.own_connections]
+        if not theirs:
+            return False
+        victims = self.rng.sample(theirs, min(3, len(theirs)))
+        at = self.db_now()
+        with mysql_admin() as cursor:
+            for victim in victims:
+                with contextlib.suppress(Exception):  # gone meanwhile
+                    cursor.execute(f"KILL CONNECTION {int(victim)}")
+        self.faults.connection_kills.append(ConnectionKill(at, len(victims), len(theirs)))
+        print(f"  {self.clock()} KILL CONNECTION of {len(victims)} of {len(theirs)} connections")
+        return True
+
     def restart(self) -> None:
         from django.db import connection
 
         started = time.monotonic()
-        print(f"  {self.clock()} restarting PostgreSQL")
+        print(f"  {self.clock()} restarting {SERVER_CTL[self.options.db][1]}")
         self.faults.restarted_at.append(self.db_now())
-        pg_ctl("restart", "-m", "fast")
+        server_ctl(self.options.db, "restart")
         connection.close()
         self.faults.restarts.append(time.monotonic() - started)
 
@@ -830,10 +911,10 @@ class Torture(workloads.Workloads):
 
         seconds = self.lost_after + WINDOW_EXTRA
         at = self.db_now()
-        if self.options.db == "postgres":
-            pg_ctl("stop", "-m", "fast")
+        if self.options.db in SERVER_CTL:
+            server_ctl(self.options.db, "stop")
             connection.close()
-            what = "PostgreSQL stopped"
+            what = f"{SERVER_CTL[self.options.db][1]} stopped"
         else:  # the write lock, held by another connection as a long bulk enqueue would
             self.hold_sqlite_write_lock()
             at = self.db_now()
@@ -888,8 +969,8 @@ class Torture(workloads.Workloads):
             self.lock = None
             print(f"  {self.clock()} SQLite's write lock released")
         else:
-            pg_ctl("start")
-            print(f"  {self.clock()} PostgreSQL started")
+            server_ctl(self.options.db, "start")
+            print(f"  {self.clock()} {SERVER_CTL[self.options.db][1]} started")
         fault.ended = self.db_now()
         self.away = None
 
@@ -982,10 +1063,37 @@ class Torture(workloads.Workloads):
                 time.sleep(0.5)
 
 
-def pg_ctl(*args: str) -> None:
-    """Stop, start or restart the PostgreSQL server of the run, and wait until done."""
-    command = [os.environ["JOBSTATE_PG_CTL"], *args, "-w"]
+def server_ctl(vendor: str, action: str) -> None:
+    """Stop, start or restart the run's PostgreSQL or MariaDB server, and wait until done
+    (scripts/mysql's control script waits on its own)."""
+    if vendor == "postgres":
+        command = [
+            os.environ["JOBSTATE_PG_CTL"],
+            action,
+            *(["-m", "fast"] * (action != "start")),
+            "-w",
+        ]
+    else:
+        command = [os.environ["JOBSTATE_MYSQL_CTL"], action]
     subprocess.run(command, check=True, capture_output=True, timeout=120)
+
+
+@contextlib.contextmanager
+def mysql_admin() -> Any:
+    """A cursor in autocommit on the JOBSTATE_MYSQL_* server, no database selected."""
+    import MySQLdb
+
+    conn = MySQLdb.connect(
+        host=os.environ.get("JOBSTATE_MYSQL_HOST", "127.0.0.1"),
+        port=int(os.environ.get("JOBSTATE_MYSQL_PORT", "3306")),
+        user=os.environ.get("JOBSTATE_MYSQL_USER", "jobstate"),
+        password=os.environ.get("JOBSTATE_MYSQL_PASSWORD", ""),
+    )
+    conn.autocommit(True)
+    try:
+        yield conn.cursor()
+    finally:
+        conn.close()
 
 
 def command_line(argv: list[str], seed: int) -> str:
@@ -1037,6 +1145,16 @@ def main(argv: list[str] | None = None) -> int:
     from bench.torture_check import Figure, check
 
     torture = Torture(options, run_dir)
+    torture.database_name = database.name
+    if options.db == "mysql":  # this process's own connections are no victims of a kill
+        from django.db.backends.signals import connection_created
+
+        def remember(sender: Any, connection: Any, **kwargs: Any) -> None:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT CONNECTION_ID()")
+                torture.own_connections.add(cursor.fetchone()[0])
+
+        connection_created.connect(remember, weak=False)
     failed: list[str] = []
     try:
         print(f"{command}\n  database {database.name}, logs in {run_dir}")
@@ -1124,6 +1242,10 @@ def torture_db_version() -> str:
 
     if connection.vendor == "postgresql":
         return f"PostgreSQL {connection.pg_version // 10000}.{connection.pg_version % 10000}"
+    if connection.vendor == "mysql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT VERSION()")
+            return f"MariaDB/MySQL {cursor.fetchone()[0]}"
     import sqlite3
 
     return f"SQLite {sqlite3.sqlite_version}"

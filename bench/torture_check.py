@@ -97,6 +97,13 @@ class Cut:
 
 
 @dataclass
+class ConnectionKill:
+    at: datetime  # database clock
+    killed: int
+    open: int  # the run database's connections that were not the torture process's
+
+
+@dataclass
 class Faults:
     kills: list[Kill] = field(default_factory=list)
     pauses: list[Pause] = field(default_factory=list)
@@ -112,6 +119,7 @@ class Faults:
     supervisors_died: int = 0  # supervisors that exited without being killed
     in_flight: set[str] = field(default_factory=set)  # worker-id prefixes run --in-flight
     table_locks: list[Outage] = field(default_factory=list)  # the job table locked
+    connection_kills: list[ConnectionKill] = field(default_factory=list)  # MariaDB
     workload: Workload = field(default_factory=Workload)  # cancels, ticks, unique, ...
 
 
@@ -577,8 +585,13 @@ def check(
             "  attempts of a SIGSTOPped worker killed at their deadline while stopped",
             stopped_at_deadline,
         ),
+        "connection_kills": Figure(
+            "database connections killed (MariaDB: KILL CONNECTION; of those open)",
+            sum(k.killed for k in faults.connection_kills),
+            note=", ".join(f"{k.killed} of {k.open}" for k in faults.connection_kills),
+        ),
         "restarts": Figure(
-            "PostgreSQL restarts",
+            "server restarts (PostgreSQL, MariaDB)",
             len(faults.restarts),
             note=", ".join(f"{s:.1f} s" for s in faults.restarts),
         ),

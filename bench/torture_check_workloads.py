@@ -41,6 +41,7 @@ from bench.torture_check import (
     STOPPED_AT,
     Faults,
     Figure,
+    _is_outage,
     _overlaps,
     _seconds,
     _within,
@@ -282,6 +283,11 @@ def _batches(
                         late += 1
                         examples["batch_late"].append(f"{describe(a)}; returned {returned}")
                     continue
+                if a["failure_reason"] == FailureReason.ERROR and _is_outage(a["error_class"]):
+                    # The body's own stamp of returned_at met a server restart: committed,
+                    # but its reply lost, so the body raised (the task's own query's error,
+                    # counted with the outage errors), nothing the worker failed as lost.
+                    continue
                 at = [t for target in (wid, f"{wid.rsplit('/', 1)[0]}/") for t in kills[target]]
                 if STOPPED_AT.search(a["error_message"] or ""):
                     # Its process was stopped at an overrun's deadline beside it (an
@@ -321,10 +327,14 @@ def _batches(
 
 
 def _stalled(faults: Faults, jobs: list[Row], wid: str, start: datetime, end: datetime) -> bool:
-    """Could worker `wid` not write between `start` and `end`: the database away, its link
+    """Could worker `wid` not write between `start` and `end`: the database away (or
+    restarted, or connections killed: the write then retries after a back-off), its link
     cut, its process SIGSTOPped, or its interpreter held by an attempt beside it?"""
     away = [*faults.outages, *faults.table_locks]
     if any(_overlaps(start, end, o.at, o.ended) for o in away):
+        return True
+    breaks = [*faults.restarted_at, *(k.at for k in faults.connection_kills)]
+    if any(start <= t <= end for t in breaks):
         return True
     if any(wid.startswith(c.prefix) and _overlaps(start, end, c.at, c.ended) for c in faults.cuts):
         return True

@@ -1,8 +1,8 @@
 """Settings for bench/torture.py and the `runjobs` supervisors it starts.
 
-torture.py sets the database in the environment: JOBSTATE_TORTURE_DB (postgres or
+torture.py sets the database in the environment: JOBSTATE_TORTURE_DB (postgres, mysql or
 sqlite) and JOBSTATE_TORTURE_DB_NAME (a database name or a file path); the PostgreSQL
-server is the one in the PG* variables.
+server is the one in the PG* variables, MariaDB the one in JOBSTATE_MYSQL_*.
 """
 
 import os
@@ -27,11 +27,25 @@ if _vendor == "postgres":
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
         }
     }
+elif _vendor == "mysql":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.mysql",
+            "NAME": _name,
+            "HOST": os.environ.get("JOBSTATE_MYSQL_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("JOBSTATE_MYSQL_PORT", "3306"),
+            "USER": os.environ.get("JOBSTATE_MYSQL_USER", "jobstate"),
+            "PASSWORD": os.environ.get("JOBSTATE_MYSQL_PASSWORD", ""),
+            "OPTIONS": {"charset": "utf8mb4"},
+        }
+    }
 elif _vendor == "sqlite":
     # Django's defaults: the app sets WAL and a busy timeout on its own connections.
     DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": _name}}
 else:
-    raise RuntimeError(f"JOBSTATE_TORTURE_DB must be 'postgres' or 'sqlite', not {_vendor!r}")
+    raise RuntimeError(
+        f"JOBSTATE_TORTURE_DB must be 'postgres', 'mysql' or 'sqlite', not {_vendor!r}"
+    )
 
 TASKS = {"default": {"BACKEND": "django_jobstate.backend.JobStateBackend"}}
 # Schedules ticking (torture.py sets it unless --no-ticks): a tick a second, each to be

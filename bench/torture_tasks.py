@@ -15,9 +15,9 @@ import uuid
 
 from asgiref.sync import sync_to_async
 from django.db import connection
-from django.db.models.functions import Now
 
 from bench.models import Execution
+from django_jobstate.dbclock import Now  # UTC on MariaDB too, as the jobs' times
 from django_jobstate.models import Job
 from django_jobstate.tasksapi import TaskContext, task
 

@@ -7,14 +7,17 @@ is switched off by its own --no-... flag, and checked by torture_check_workloads
   claim) or later, and of running ones (JOBSTATE_CANCEL_GRACE is 2 s in the settings);
 - a schedule ticking every second in every supervisor (torture_settings.py);
 - unique tasks enqueued again and again by two threads while the workers drain, on
-  PostgreSQL sometimes in a caller's transaction that stays open a moment after;
+  PostgreSQL sometimes in a caller's transaction that stays open a moment after (not on
+  MariaDB, where InnoDB's duplicate check locks the holder's row until that transaction
+  ends, as the README's MariaDB section says);
 - mixed batches: fast jobs and one slow one, due together, with no timeout (as where no
   default is set), so that a worker claims them in one batch; half of them have the
   worker of their slow job SIGKILLed while it runs;
 - locked rows: another connection holds SELECT ... FOR UPDATE on a few queued rows (on
   SQLite, where there are no row locks, a read transaction as long) past the window;
 - a table lock while attempts with a 1 s timeout run: LOCK TABLE ... ACCESS EXCLUSIVE on
-  PostgreSQL, the write lock (BEGIN IMMEDIATE) on SQLite, for the lost-after window.
+  PostgreSQL, LOCK TABLES ... WRITE on MariaDB, the write lock (BEGIN IMMEDIATE) on
+  SQLite, for the lost-after window.
 """
 
 from __future__ import annotations
@@ -352,7 +355,7 @@ class Workloads:
         pks = self.guarded(candidates, [])
         if not pks:
             return False
-        self.faults.workload.row_locks_exclusive = self.options.db == "postgres"
+        self.faults.workload.row_locks_exclusive = self.options.db != "sqlite"
         lock = RowLock(self.rng.sample(pks, min(LOCKED_ROWS, len(pks))), self.db_now())
         seconds = self.lost_after + 2.0
         thread = threading.Thread(target=self.hold_rows, args=(lock, seconds), daemon=True)
@@ -414,6 +417,19 @@ class Workloads:
                 self.table_conn = None
                 return False
             what = "job table locked (ACCESS EXCLUSIVE)"
+        elif self.options.db == "mysql":
+            import MySQLdb
+
+            from django_jobstate.models import Job
+
+            self.table_conn = mysql_connect(lock_timeout=2.0)
+            try:
+                self.table_conn.cursor().execute(f"LOCK TABLES `{Job._meta.db_table}` WRITE")
+            except MySQLdb.Error:  # a long transaction in the way: try again a moment later
+                self.table_conn.close()
+                self.table_conn = None
+                return False
+            what = "job table locked (LOCK TABLES ... WRITE)"
         else:
             self.hold_sqlite_write_lock()
             what = "SQLite's write lock held during deadlines"
@@ -483,6 +499,29 @@ def pg_connect(lock_timeout: float) -> Any:
         dbname=s["NAME"],
         options=f"-c lock_timeout={int(lock_timeout * 1000)}",
     )
+
+
+def mysql_connect(lock_timeout: float) -> Any:
+    """A connection of its own to the run's MariaDB database (MySQLdb, not Django's),
+    whose metadata and row locks wait `lock_timeout` seconds at most (pg_connect's
+    reason: a LOCK TABLES waiting queues every later statement on the table behind it)."""
+    import MySQLdb
+    from django.db import connection
+
+    s = connection.settings_dict
+    conn = MySQLdb.connect(
+        host=s["HOST"],
+        port=int(s["PORT"]),
+        user=s["USER"],
+        password=s["PASSWORD"],
+        database=s["NAME"],
+        charset="utf8mb4",
+    )
+    seconds = max(1, round(lock_timeout))
+    conn.cursor().execute(
+        f"SET SESSION lock_wait_timeout = {seconds}, innodb_lock_wait_timeout = {seconds}"
+    )
+    return conn
 
 
 def holds_the_row(probe: Any, result_id: str, seconds: float) -> bool:

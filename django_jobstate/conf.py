@@ -40,7 +40,7 @@ class Settings:
     # OpenTelemetry spans for enqueue and each attempt (tracing.py; needs opentelemetry-api).
     TRACING: bool = False
     # {"succeeded": "7d", "failed": "30d"}: prune older finished tasks hourly, on a built-in
-    # schedule (schedule_settings.py); None keeps every job.
+    # schedule (schedules/settings.py); None keeps every job.
     RETENTION: Mapping[str, str | float] | None = None
     # The DATABASES alias the LISTEN connection of wake-ups and cancels uses (wakeup.py,
     # relay.py); None: the jobs' own. Name a direct connection to the same PostgreSQL

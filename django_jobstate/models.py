@@ -9,6 +9,7 @@ from django.utils.translation import gettext_lazy as _
 
 # The other tables, each in the module of its writes (imported here: Django finds an app's
 # models in its models module).
+from . import db_indexes
 from .heartbeats import WorkerHeartbeat as WorkerHeartbeat
 from .managers import JobManager
 from .queues import JobQueue as JobQueue
@@ -193,12 +194,12 @@ class Job(models.Model):
             ),
             # Periodic jobs: one first attempt per tick of a schedule, whoever inserts it (the
             # scheduler's compare-and-set already sees to it; this is the backstop).
-            models.UniqueConstraint(
+            db_indexes.UniqueConstraint(
                 fields=["schedule_name", "scheduled_for"],
                 condition=Q(schedule_name__isnull=False, attempt=1),
                 name="jobstate_job_one_job_per_tick",
             ),
-            models.UniqueConstraint(
+            db_indexes.UniqueConstraint(
                 fields=["previous"],
                 condition=Q(previous__isnull=False),
                 name="jobstate_job_one_next_attempt",
@@ -208,7 +209,7 @@ class Job(models.Model):
             # queued or running: a condition on the state would let PostgreSQL serve the
             # claim's candidates from this index, in the wrong order, and sort them all,
             # whenever its statistics said that few rows are queued (17 ms per claim, not 1).
-            models.UniqueConstraint(
+            db_indexes.UniqueConstraint(
                 fields=["result_id"],
                 condition=Q(finished_at__isnull=True),
                 name="jobstate_job_one_live_attempt",
@@ -218,7 +219,7 @@ class Job(models.Model):
             # "Live" is "not finished" for the reason given above; the claim never names
             # unique_scope, so neither index can be picked for it.
             *(
-                models.UniqueConstraint(
+                db_indexes.UniqueConstraint(
                     fields=["unique_key"], condition=HOLDS_KEY[scope], name=KEY_INDEX[scope]
                 )
                 for scope in UniqueScope
@@ -230,7 +231,7 @@ class Job(models.Model):
             # backlog (a claim from several merges their heads: managers/claim.py). The
             # order is all ascending (-priority, not priority DESC), so that a claim can
             # start from a key: JobManager.claim(from_key=...).
-            models.Index(
+            db_indexes.Index(
                 F("queue_name"),
                 -F("priority"),
                 F("run_after"),
@@ -238,31 +239,32 @@ class Job(models.Model):
                 condition=Q(state=State.QUEUED),
                 name="jobstate_job_runnable",
             ),
-            models.Index(
+            db_indexes.Index(
                 fields=["worker_id"], condition=Q(state=State.RUNNING), name="jobstate_job_running"
             ),
             # The admin: capped counts per state, and the list filtered by state, newest first.
             # Partial, one per terminal state, so that a row enters one only when it finishes
             # (queued and running rows are in the two above): an index on (state, id) would
             # take a new entry at every write of a row, as PostgreSQL writes a new version.
-            models.Index(
+            db_indexes.Index(
                 fields=["-id"], condition=Q(state=State.SUCCEEDED), name="jobstate_job_succeeded"
             ),
-            models.Index(
+            db_indexes.Index(
                 fields=["-id"], condition=Q(state=State.FAILED), name="jobstate_job_failed"
             ),
             # The admin's link from a job to every job with its unique key. Only unique jobs
             # have an entry.
-            models.Index(
+            db_indexes.Index(
                 fields=["unique_key"],
                 condition=Q(unique_key__isnull=False),
                 name="jobstate_job_by_unique_key",
             ),
             # The admin's date navigation (MIN/MAX) and its date ranges.
-            models.Index(fields=["enqueued_at"], name="jobstate_job_by_enqueued"),
+            # (Whole, but one of ours: Django warns of the expression index above from each.)
+            db_indexes.Index(fields=["enqueued_at"], name="jobstate_job_by_enqueued"),
             # prune() (and the retention schedule): the attempts finished before a time.
             # Only finished rows have an entry, each written once, when it finishes.
-            models.Index(
+            db_indexes.Index(
                 fields=["finished_at"],
                 condition=Q(finished_at__isnull=False),
                 name="jobstate_job_by_finished",

@@ -796,9 +796,11 @@ def test_filter_by_failure_reason_reads_failed_attempts_only(client):
     with CaptureQueriesContext(connection) as queries:
         response = client.get(LIST_URL, {"failure_reason": "timeout"})
     assert [job.pk for job in response.context["cl"].result_list] == [timeout.pk]
-    listing = [q["sql"] for q in queries if '"failure_reason" = ' in q["sql"]]
+    qn = connection.ops.quote_name
+    listing = [q["sql"] for q in queries if f"{qn('failure_reason')} = " in q["sql"]]
     assert listing
-    assert all("\"state\" = 'failed'" in sql or '"state" = %s' in sql for sql in listing)
+    state = qn("state")
+    assert all(f"{state} = 'failed'" in sql or f"{state} = %s" in sql for sql in listing)
     html = response.content.decode()
     assert "?failure_reason=released" in html
     assert "released (never started)" in html

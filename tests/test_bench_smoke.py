@@ -26,6 +26,8 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     db = os.environ.get("JOBSTATE_TEST_DB", "sqlite")
     if db == "postgres" and not os.environ.get("PGHOST"):
         pytest.skip('PostgreSQL: PGHOST is not set (eval "$(scripts/pg start)").')
+    if db == "mysql" and not os.environ.get("JOBSTATE_MYSQL_PORT"):
+        pytest.skip('MariaDB: JOBSTATE_MYSQL_PORT is not set (eval "$(scripts/mysql start)").')
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     env.pop("DJANGO_SETTINGS_MODULE", None)  # bench.py sets one per runner
     proc = subprocess.run(

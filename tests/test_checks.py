@@ -165,8 +165,8 @@ def test_the_listen_database_must_be_a_postgresql_alias():
         (error,) = found
         assert error.id == "django_jobstate.E013"
         assert error.msg == (
-            "JOBSTATE_LISTEN_DATABASE names DATABASES['default'], which is SQLite, not "
-            "PostgreSQL: only PostgreSQL has LISTEN/NOTIFY."
+            f"JOBSTATE_LISTEN_DATABASE names DATABASES['default'], which is "
+            f"{connection.display_name}, not PostgreSQL: only PostgreSQL has LISTEN/NOTIFY."
         )
 
 
@@ -216,20 +216,23 @@ def test_backend_check_survives_a_malformed_tasks_setting(tasks):
 
 
 @pytest.mark.parametrize(
-    ("use_tz", "time_zone", "refused_on_sqlite"),
+    ("use_tz", "time_zone", "refused_without_tz"),
     [
         (False, "Europe/Paris", True),  # east of UTC
         (False, "America/New_York", True),  # west of UTC
         (False, "Europe/London", True),  # UTC in winter only
         (False, "UTC", False),
         (False, "Etc/UTC", False),
-        (True, "Europe/Paris", False),  # aware times: SQLite stores them as UTC
+        (True, "Europe/Paris", False),  # aware times: stored as UTC
     ],
 )
-def test_sqlite_with_naive_local_times_is_refused(use_tz, time_zone, refused_on_sqlite):
+def test_naive_local_times_are_refused_where_the_database_has_no_time_zone(
+    use_tz, time_zone, refused_without_tz
+):
+    """SQLite and MariaDB/MySQL store naive times; PostgreSQL's timestamptz does not."""
     found = messages(USE_TZ=use_tz, TIME_ZONE=time_zone)
 
-    refused = refused_on_sqlite and connection.vendor == "sqlite"
+    refused = refused_without_tz and connection.vendor in ("sqlite", "mysql")
     assert [m.id for m in found] == (["django_jobstate.E006"] if refused else [])
     if refused:
         assert time_zone in found[0].msg

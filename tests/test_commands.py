@@ -179,7 +179,7 @@ def test_a_batch_never_splits_a_task():
         )
 
     deleted = [
-        {int(pk) for pk in re.search(r'"id" IN \(([\d, ]+)\)', q["sql"])[1].split(", ")}
+        {int(pk) for pk in re.search(r'["`]id["`] IN \(([\d, ]+)\)', q["sql"])[1].split(", ")}
         for q in queries
         if q["sql"].startswith("DELETE")
     ]

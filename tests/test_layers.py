@@ -31,6 +31,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "queues",
             "notify",
             "receivers",
+            "db_indexes",
             "schedules.definitions",
             "schedules.model",
         ],
@@ -76,14 +77,16 @@ def modules() -> dict[str, Path]:
 
 
 def layer_of(module: str) -> int:
-    best = None
-    for rank, (_, prefixes) in enumerate(LAYERS):
-        for prefix in prefixes:
-            if module == prefix or module.startswith(prefix + ".") or prefix == "":
-                if best is None or len(prefix) > best[0]:
-                    best = (len(prefix), rank)
-    assert best is not None and (best[0] or module == ""), f"{module} has no layer"
-    return best[1]
+    """The rank in LAYERS of the longest prefix that names `module` ("" names only the
+    package's __init__)."""
+    matches = [
+        (len(prefix), rank)
+        for rank, (_, prefixes) in enumerate(LAYERS)
+        for prefix in prefixes
+        if module == prefix or (prefix and module.startswith(prefix + "."))
+    ]
+    assert matches, f"{module} has no layer: give it one in LAYERS"
+    return max(matches)[1]
 
 
 def imports(module: str, path: Path) -> set[str]:
@@ -111,7 +114,9 @@ def imports(module: str, path: Path) -> set[str]:
                 target = node.module.removeprefix("django_jobstate").lstrip(".")
             else:
                 continue
-            targets = [target, *(f"{target}.{a.name}".lstrip(".") for a in node.names)]
+            # "from . import x" imports x, not the package's __init__ (already imported).
+            named = [f"{target}.{a.name}".lstrip(".") for a in node.names]
+            targets = [target, *named] if target else named
         found |= {t for t in targets if t in known and t != module}
     return found
 

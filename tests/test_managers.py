@@ -20,7 +20,7 @@ from django.utils import timezone
 from django_jobstate.exceptions import LostRace
 from django_jobstate.managers import CancelOutcome, claim_key
 from django_jobstate.models import Job, JobQueue
-from django_jobstate.runner.wakeup import CHANNEL
+from django_jobstate.notify import CHANNEL
 from django_jobstate.states import (
     ONLY_AS,
     TRANSITIONS,

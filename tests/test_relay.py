@@ -12,8 +12,9 @@ import pytest
 from django.db import connection
 
 from django_jobstate.models import Job
+from django_jobstate.notify import CHANNEL, queue_payload
 from django_jobstate.runner.relay import CHUNK, WAKE_ALL, Relay, _chunks
-from django_jobstate.runner.wakeup import CHANNEL, Inbox, Waiter, queue_payload
+from django_jobstate.runner.wakeup import Inbox, Waiter
 from tests import tasks
 from tests.factories import JobFactory
 

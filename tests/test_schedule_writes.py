@@ -1,4 +1,4 @@
-"""A tick's job and the store of a definition (schedule_writes.py), in-process.
+"""A tick's job and the store of a definition (schedules/writes.py), in-process.
 
 A unique task keeps its uniqueness when a schedule enqueues it (a tick, Run now). The
 store of a definition racing a tick of the old one (a rolling deploy) is in

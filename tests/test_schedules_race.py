@@ -1,7 +1,7 @@
 """Periodic jobs across real `runjobs` supervisors: one job per tick, whatever happens.
 
 Five supervisors schedule the same definitions; some are killed, one is paused for ten
-ticks, PostgreSQL restarts (and a minute of the cron schedule turns meanwhile), one clock
+ticks, PostgreSQL or MariaDB restarts (and a minute of the cron schedule turns meanwhile), one clock
 is 90 s ahead, two disagree on the definition.
 The Job table must hold exactly one first attempt per (schedule, tick) and no gap that the
 catch-up policy does not explain. The figures (ticks, duplicates, lateness) are printed.
@@ -153,6 +153,9 @@ def test_five_supervisors_enqueue_each_tick_once_through_kills_a_pause_and_a_res
     if POSTGRES and os.environ.get("JOBSTATE_PG_CTL"):
         subprocess.run([os.environ["JOBSTATE_PG_CTL"], "restart", "-m", "fast", "-w"], check=True)
         connections.close_all()
+    elif connection.vendor == "mysql" and os.environ.get("JOBSTATE_MYSQL_CTL"):
+        subprocess.run([os.environ["JOBSTATE_MYSQL_CTL"], "restart"], check=True)
+        connections.close_all()
     after_faults = len(ticks_of("fast"))
     wait_for(lambda: len(ticks_of("fast")) >= after_faults + 3)  # the ticks go on
     # And a minute tick of the cron schedule came, once (at most a minute after the start,
@@ -165,7 +168,7 @@ def test_five_supervisors_enqueue_each_tick_once_through_kills_a_pause_and_a_res
     assert "Stopping before the compare-and-set" in outputs[5]
 
 
-@pytest.mark.skipif(not POSTGRES, reason="SQLite is one machine with one clock")
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite is one machine with one clock")
 def test_a_supervisor_whose_clock_is_90_s_ahead_neither_ticks_early_nor_twice(runjobs):
     schedules = {"fast": SCHEDULES["fast"]}
     skewed = runjobs.start("--concurrency", "1", **env(schedules, **skewed_env(90)))

@@ -328,7 +328,7 @@ def test_while_draining_a_backlog_a_worker_claims_from_its_last_batch(monkeypatc
     def job(label, priority=0):
         return JobFactory(task_path="tests.tasks.record", args=[label], priority=priority)
 
-    monkeypatch.setattr("django_jobstate.runner.worker.RESCAN_AFTER", 3600)
+    monkeypatch.setattr("django_jobstate.runner.claims.RESCAN_AFTER", 3600)
     old = [job(f"old{n}") for n in range(3)]
     worker = Worker(worker_id="w")  # its first batches take one job each
     assert worker.claim() == old[:1]
@@ -337,7 +337,7 @@ def test_while_draining_a_backlog_a_worker_claims_from_its_last_batch(monkeypatc
     assert worker.claim() == old[2:3]
     assert worker.claim() == [urgent], "nothing after its key, yet it did not look at the head"
 
-    monkeypatch.setattr("django_jobstate.runner.worker.RESCAN_AFTER", 0)
+    monkeypatch.setattr("django_jobstate.runner.claims.RESCAN_AFTER", 0)
     later = job("later")
     worker = Worker(worker_id="w2")
     assert worker.claim() == [later]
@@ -349,7 +349,7 @@ def test_while_draining_a_backlog_a_worker_claims_from_its_last_batch(monkeypatc
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
 @pytest.mark.django_db(transaction=True)
 def test_a_draining_worker_claims_a_job_that_sorts_before_its_key_at_once(monkeypatch):
-    monkeypatch.setattr("django_jobstate.runner.worker.RESCAN_AFTER", 3600)
+    monkeypatch.setattr("django_jobstate.runner.claims.RESCAN_AFTER", 3600)
     tasks.record.get_backend().bulk_enqueue(tasks.record, [([f"old{n}"], {}) for n in range(3)])
     worker = Worker(worker_id="w")
     worker._waiter = Waiter(threading.Event(), queues=None)

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import connections, transaction
+from django.db import OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..states import State
@@ -28,6 +28,15 @@ if TYPE_CHECKING:
 
 # The index in claim order (migration 0009, which freezes the name).
 CLAIM_ORDER = "jobstate_job_claim_order"
+# InnoDB's lock conflicts: a lock wait timeout (1205) and a deadlock (1213). Either ends
+# the statement having changed nothing (a deadlock rolls the whole transaction back).
+LOCK_WAIT_TIMEOUT, DEADLOCK = 1205, 1213
+
+
+def lock_conflict(exc: BaseException) -> bool:
+    """Whether `exc` is InnoDB's lock wait timeout or deadlock (Django keeps the driver's
+    error code as its first argument)."""
+    return isinstance(exc, OperationalError) and exc.args[:1] in ((LOCK_WAIT_TIMEOUT,), (DEADLOCK,))
 
 
 class MySQLWrites(Writes):

@@ -63,6 +63,8 @@ class Prune(Writes):
                 ids = list(locked.values_list("pk", flat=True))  # any deleted meanwhile: gone
                 if not ids:
                     return 0
+            if connection.vendor == "mysql":
+                return self._delete_tasks_mysql(db, ids)
             marks = ", ".join(["%s"] * len(ids))
             terminal = sorted(TERMINAL_STATES)
             with connection.cursor() as cursor:
@@ -79,3 +81,34 @@ class Prune(Writes):
                     [*ids, *ids, *terminal],
                 )
                 return cursor.rowcount
+
+    def _delete_tasks_mysql(self, db: str, ids: list[int]) -> int:
+        """_delete_tasks() on MariaDB/MySQL, in the transaction that locked `ids`.
+
+        MySQL refuses a DELETE whose subquery reads its own table, so the tasks are judged
+        from a locking read of all their attempts (a locking read sees the latest commits,
+        under REPEATABLE READ too, and holds any attempt a retry committed meanwhile).
+        InnoDB checks the foreign key `previous` row by row, not at the statement's end:
+        later attempts, which have the higher ids, go first.
+        """
+        by_task: dict[str, list[tuple[int, str]]] = {}
+        attempts = self.using(db).filter(
+            result_id__in=self.using(db).filter(pk__in=ids).values("result_id")
+        )
+        for pk, result_id, state in attempts.select_for_update().values_list(
+            "pk", "result_id", "state"
+        ):
+            by_task.setdefault(str(result_id), []).append((pk, state))
+        chosen, doomed = set(ids), []
+        for rows in by_task.values():
+            if all(pk in chosen and state in TERMINAL_STATES for pk, state in rows):
+                doomed += [pk for pk, _ in rows]
+        if not doomed:
+            return 0
+        table = connections[db].ops.quote_name(self.model._meta.db_table)
+        marks = ", ".join(["%s"] * len(doomed))
+        with connections[db].cursor() as cursor:
+            cursor.execute(
+                f"DELETE FROM {table} WHERE `id` IN ({marks}) ORDER BY `id` DESC", doomed
+            )
+            return cursor.rowcount

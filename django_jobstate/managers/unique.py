@@ -4,17 +4,19 @@ locking nothing (enqueue.py writes the rows)."""
 from __future__ import annotations
 
 import copy
+import random
+import time
 import uuid
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import transaction
+from django.db import OperationalError, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.sql import Query
 
 from ..exceptions import JobAlreadyEnqueued, LostRace
 from ..uniqueness import HOLDS_KEY, UniqueScope
-from .mysql import MySQLWrites
+from .mysql import MySQLWrites, lock_conflict
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -24,6 +26,8 @@ _ON_CONFLICT: dict[tuple[str, UniqueScope, bool], str] = {}
 # Rounds of a unique enqueue (_write_or_find()): generous, as each round lost means the
 # key's holder finished between two statements; the last round locks the holder.
 UNIQUE_ROUNDS = 50
+# Tries of a unique enqueue that InnoDB rolled back for a lock conflict (_enqueue_unique()).
+LOCK_CONFLICT_TRIES = 10
 
 # One call to insert: result_id, args, args as JSON, kwargs, kwargs as JSON, unique key.
 Row = tuple[uuid.UUID, Any, str, Any, str, str | None]
@@ -45,7 +49,30 @@ class EnqueueUnique(MySQLWrites):
         self, db: str, template: Job, rows: list[Row], jobs: list[Job], raise_duplicates: bool
     ) -> list[Job]:
         """enqueue_many() of calls with unique keys: the first call of each key is written
-        unless a live row holds the key, which is returned instead (_write_or_find())."""
+        unless a live row holds the key, which is returned instead (_write_or_find()).
+
+        On MariaDB/MySQL, InnoDB's duplicate-key check locks the key's index entry, and
+        enqueuers racing for keys with the holders' workers can deadlock (1213): InnoDB
+        then rolls the whole transaction back. When that transaction is this call's own,
+        nothing was written and the enqueue is tried again; inside the caller's
+        transaction the error is the caller's to retry (its work was rolled back too).
+        """
+        connection = connections[db]
+        own = connection.vendor == "mysql" and not connection.in_atomic_block
+        for attempt in range(1, LOCK_CONFLICT_TRIES + 1):
+            try:
+                return self._enqueue_unique_once(db, template, rows, jobs, raise_duplicates)
+            except OperationalError as exc:
+                if not (own and lock_conflict(exc)) or attempt == LOCK_CONFLICT_TRIES:
+                    raise
+                for job in jobs:  # written by the transaction rolled back
+                    job.pk = None
+                time.sleep(random.uniform(0, 0.005 * attempt))  # out of step with the other
+        raise AssertionError("unreachable")
+
+    def _enqueue_unique_once(
+        self, db: str, template: Job, rows: list[Row], jobs: list[Job], raise_duplicates: bool
+    ) -> list[Job]:
         first: dict[str, tuple[Row, Job]] = {}
         for row, job in zip(rows, jobs, strict=True):
             first.setdefault(cast(str, job.unique_key), (row, job))
@@ -92,8 +119,11 @@ class EnqueueUnique(MySQLWrites):
         """
         scope = UniqueScope(cast(str, template.unique_scope))
         holders: dict[str, Job] = {}
+        # On MariaDB/MySQL the INSERT of a held key locks the holder's index entry (and
+        # racing ones deadlock), so a plain read looks for the holders first.
+        read_first = connections[db].vendor == "mysql"
         for round_ in range(UNIQUE_ROUNDS):
-            if round_ > 0:
+            if round_ > 0 or read_first:
                 keys = [cast(str, job.unique_key) for _, job in todo]
                 for holder in self.using(db).filter(HOLDS_KEY[scope], unique_key__in=keys):
                     holder.deduplicated = True
@@ -107,7 +137,11 @@ class EnqueueUnique(MySQLWrites):
             )
             todo = [(row, job) for row, job in todo if job.pk is None]
             if held:  # the last round's: returned by the INSERT
-                found = list(self.using(db).filter(pk__in=held.values()))
+                found_rows = self.using(db).filter(pk__in=held.values())
+                if connections[db].vendor == "mysql" and connections[db].in_atomic_block:
+                    # Locked already; a locking read sees them under REPEATABLE READ too.
+                    found_rows = found_rows.select_for_update()
+                found = list(found_rows)
                 if len(found) != len(held):  # finished and deleted within the enqueue
                     raise LostRace(
                         f"Enqueueing {template.task_path}: the job that held a unique key "

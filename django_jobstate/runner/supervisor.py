@@ -18,37 +18,34 @@ hands back the ones it never began.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import logging
 import math
 import multiprocessing
 import os
 import signal
-import sys
 import time
 import uuid
 from dataclasses import dataclass
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import wait
 from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import WorkerInterrupted, WorkerLost
 from ..states import FailureReason
 from ..telemetry import metrics
+from .child import EXIT_RECYCLE, EXIT_UNAVAILABLE, run_child
 from .ledger import STARTED, Ledger, ledger_size
 from .monitor import Monitor, release, settle
 
 if TYPE_CHECKING:
     from ..schedules.scheduler import SchedulerThread
 
-# Nothing here imports models at import time: a spawned child imports this module to find
-# run_child before Django is set up.
+# Nothing here imports models at import time: the supervisor process imports it before
+# Django's apps are ready (runjobs), as a spawned child does child.py.
 
 logger = logging.getLogger("django_jobstate.worker")
 
-EXIT_RECYCLE = 3  # the worker ran --max-jobs jobs: replace it
-EXIT_UNAVAILABLE = 5  # a --burst worker could not reach the database
 # Seconds an attempt may run before the attempts its worker holds behind it, claimed in
 # the same batch, are handed back for other workers to run.
 HOLD_LIMIT = 0.5
@@ -75,20 +72,6 @@ class Child:
     timed_out: int | None = None  # the attempt it was killed for, past its deadline
 
 
-def configure_logging(verbosity: int) -> None:
-    """-v 0: warnings only; -v 1 (default): a line per worker and per attempt; -v 2: debug.
-
-    Without a handler of the project's for these loggers (a fresh startproject has none),
-    lines go to stderr with a time stamp; with one, the project's handler alone.
-    """
-    package_logger = logging.getLogger("django_jobstate")
-    package_logger.setLevel({0: logging.WARNING, 1: logging.INFO}.get(verbosity, logging.DEBUG))
-    if not package_logger.hasHandlers():
-        handler = logging.StreamHandler()
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-        package_logger.addHandler(handler)
-
-
 class Supervisor:
     def __init__(
         self,
@@ -98,8 +81,8 @@ class Supervisor:
         verbosity: int = 1,
         **options: Any,
     ):
+        from .claims import MAX_BATCH
         from .relay import Relay
-        from .worker import MAX_BATCH
 
         self.concurrency = concurrency
         self.verbosity = verbosity
@@ -276,46 +259,3 @@ def start_scheduler(name: str) -> SchedulerThread:
     thread = SchedulerThread(name)
     thread.start()
     return thread
-
-
-def run_child(
-    options: dict[str, Any],
-    verbosity: int,
-    ledger: Ledger,
-    parent: int,
-    inbox: Connection | None = None,
-) -> None:
-    """The body of a worker process; `inbox`: its pipe from the supervisor's relay."""
-    _die_with_parent()
-    import django
-
-    django.setup()
-    from ..receivers import watch_for_dead_peers
-    from .wakeup import receive_from
-    from .worker import Worker
-
-    watch_for_dead_peers()
-
-    if inbox is not None:
-        receive_from(inbox)  # its Waiter reads the relay instead of listening itself
-
-    configure_logging(verbosity)  # a spawned process starts with the project's logging only
-    if os.environ.get(metrics.ENV):  # the supervisor serves --metrics-port
-        metrics.install()
-    # Ctrl-C reaches the whole process group: the supervisor alone decides what it means.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    worker = Worker(**options, ledger=ledger, parent=parent)
-    signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop())
-    worker.run()
-    if worker.unavailable:
-        sys.exit(EXIT_UNAVAILABLE)
-    sys.exit(EXIT_RECYCLE if worker.reached_max_jobs and not worker.stopping else 0)
-
-
-def _die_with_parent() -> None:
-    """On Linux, have the kernel kill this process when its supervisor dies: nobody would
-    heartbeat for it or stop it at a deadline. (Elsewhere the worker loop checks.)"""
-    if sys.platform != "linux":
-        return
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)

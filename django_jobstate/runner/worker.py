@@ -6,8 +6,8 @@ whatever the task is doing: the worker writes what it holds and starts to a ledg
 shared memory (ledger.py) that the supervisor reads. Run in-process, a worker has a
 watchdog thread (watchdog.py) instead.
 
-This module is the loop and the claim; running an attempt is attempts.py, writing its
-outcome recording.py, and with --in-flight the loop is inflight.py's.
+This module is the loop; claiming is claims.py, running an attempt attempts.py, writing
+its outcome recording.py, and with --in-flight the loop is inflight.py's.
 """
 
 from __future__ import annotations
@@ -23,20 +23,17 @@ from collections.abc import Iterable
 from typing import Any, TypeVar
 
 from django.db import (
-    DatabaseError,
-    close_old_connections,
-    connections,
     router,
 )
 
 from ..conf import get_settings
-from ..managers import ClaimKey, claim_key
+from ..managers import ClaimKey
 from ..models import Job
 from ..tasksapi import Task
-from ..telemetry import metrics
 from ..telemetry.logs import job_fields
 from .attempts import AttemptRunner
 from .burst import BurstEnd
+from .claims import MAX_BATCH, Claims
 from .flushing import FLUSH_AFTER, Flusher
 from .ledger import Ledger, ledger_size
 from .recording import OutcomeWriter
@@ -52,22 +49,7 @@ def default_worker_id() -> str:
     return f"{host}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
 
 
-# Batches: a worker claims as many jobs as it expects to run in BATCH_WINDOW seconds (one
-# at a time until it has seen how long jobs take), and writes successes together at most
-# flushing.FLUSH_AFTER seconds after the first of them finished, whatever the batch holds.
-# Both bound what a crash costs: claimed jobs not yet run are handed back (fail as lost
-# if the whole host died), and finished jobs not yet written fail as lost.
-BATCH_WINDOW = 0.05
-MAX_BATCH = 100
-# While draining a backlog, a worker claims from where its previous batch began, not from
-# the head of the queue, where the index entries of claimed rows pile up until VACUUM
-# (see JobManager.claim). It claims from the head again after RESCAN_AFTER seconds, and
-# whenever the claim from its key finds nothing: a job that claim order puts before that
-# key (a higher priority enqueued meanwhile, a run_after in the past) waits at most that.
-RESCAN_AFTER = 1.0
-
-
-class Worker(AttemptRunner, OutcomeWriter):
+class Worker(Claims, AttemptRunner, OutcomeWriter):
     """Runs jobs in this process until stopped, or until --burst/--max-jobs says so.
 
     Under a supervisor, `ledger` is shared with it and `parent` is its pid (the worker
@@ -198,82 +180,6 @@ class Worker(AttemptRunner, OutcomeWriter):
     def burst_done(self) -> bool:
         """After a claim that found nothing: whether a --burst run exits (burst.py)."""
         return self._burst_end.reached()
-
-    def claim_limit(self, in_flight: int = 0) -> int:
-        """How many jobs to claim next: one at a time, as many as run in BATCH_WINDOW
-        seconds; with --in-flight, a batch (the caller caps it to its free places). Never
-        more than --max-jobs leaves, counting the `in_flight` attempts not yet done."""
-        size = self.max_batch
-        if self.in_flight == 1:
-            if self._average_duration is None:
-                size = 1
-            elif self._average_duration > 0:
-                size = min(size, max(1, int(BATCH_WINDOW / self._average_duration)))
-        if self.max_jobs is not None:
-            size = min(size, self.max_jobs - self.jobs_done - in_flight)
-        return size
-
-    def claim(self, limit: int | None = None) -> list[Job]:
-        limit = self.claim_limit() if limit is None else limit
-        connection = connections[self.db]
-        if not connection.in_atomic_block:  # a long-lived worker drops broken connections
-            close_old_connections()
-        if time.monotonic() >= self._rescan_at:
-            self._from_key = None
-        elif self._from_key is not None and self._waiter is not None:
-            # A job enqueued since that sorts before the key (PostgreSQL only): look from
-            # the head now, not at the rescan.
-            known = None if self.queues is not None else self._queue_names
-            if self._waiter.ahead(-self._from_key[0], known):
-                self._from_key = None
-        try:
-            jobs = self._claim_from(self._from_key, limit)
-            if not jobs and self._from_key is not None:  # never idle without a look from the head
-                jobs = self._claim_from(None, limit)
-        except DatabaseError:
-            connection.close()
-            if self.burst:  # "nothing runnable" is not known: say so, do not exit as done
-                logger.exception(
-                    "Worker %s could not claim jobs; stopping",
-                    self.worker_id,
-                    extra={"event": "worker.claim_failed", "worker_id": self.worker_id},
-                )
-                self.unavailable = True
-                self._stopping.set()
-                return []
-            logger.exception(
-                "Worker %s could not claim jobs; retrying",
-                self.worker_id,
-                extra={"event": "worker.claim_failed", "worker_id": self.worker_id},
-            )
-            self._stopping.wait(self.poll_interval)
-            return []
-        if jobs:
-            logger.debug(
-                "Worker %s claimed %d job(s) of %d asked",
-                self.worker_id,
-                len(jobs),
-                limit,
-                extra={"event": "worker.claimed", "worker_id": self.worker_id, "count": len(jobs)},
-            )
-            if metrics.recorder is not None:
-                metrics.recorder.claimed(jobs)
-        # A full batch means a backlog: claim the next one from where this one began.
-        self._from_key = claim_key(jobs[0]) if len(jobs) == limit else None
-        return jobs
-
-    def _claim_from(self, from_key: ClaimKey | None, limit: int) -> list[Job]:
-        queues = self.queues
-        if queues is None:
-            # Serving every queue: claim from those that had jobs when it last looked from
-            # the head; a new queue's jobs wait at most as long as a key's (RESCAN_AFTER).
-            if from_key is None:
-                self._queue_names = Job.objects.queue_names()
-            queues = self._queue_names
-        jobs = Job.objects.claim(self.worker_id, queues=queues, limit=limit, from_key=from_key)
-        if from_key is None:
-            self._rescan_at = time.monotonic() + RESCAN_AFTER
-        return jobs
 
     def _run_batch(self, jobs: list[Job]) -> None:
         """Run every claimed job (they are in hand: a stop request waits for them)."""

@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
+from .. import db_indexes
 from .definitions import CATCH_UP, DEFAULT_MAX_LATENESS
 
 
@@ -62,7 +63,7 @@ class Schedule(models.Model):
         verbose_name_plural = _("schedules")
         indexes = [
             # The scheduler's one query per wake-up: the earliest ticks of the live rows.
-            models.Index(
+            db_indexes.Index(
                 fields=["next_tick_at"],
                 condition=Q(enabled=True, removed_at=None),
                 name="jobstate_schedule_due",

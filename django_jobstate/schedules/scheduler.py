@@ -13,7 +13,7 @@ read the same due tick, one changes the row; the others wait for its commit and 
 row. If it dies before committing, its transaction rolls back and the next one wins: a
 tick is never lost, never enqueued twice (and a unique index on the first attempt of each
 (schedule, tick) is the backstop: a tick it finds enqueued already is skipped, and the
-schedule moves on). Times come from the database (PostgreSQL's clock;
+schedule moves on). Times come from the database (PostgreSQL's and MariaDB/MySQL's clock;
 SQLite's is this machine's): a scheduler whose own clock is ahead neither ticks early nor
 twice. A scheduler whose definition is not the stored one (a rolling deploy) matches no
 row, so it cannot enqueue with it. One schedule whose tick fails, whatever it raises, is
@@ -28,17 +28,18 @@ import time
 from datetime import datetime
 from typing import Any
 
-from django.db import DatabaseError, IntegrityError, connections, router, transaction
+from django.db import DatabaseError, IntegrityError, connections, router
 from django.db.models import F
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from ..dbclock import Now
 from ..managers import connection_lost
 from ..models import Job, Schedule
 from ..tasksapi import InvalidTask
 from .definitions import Definition, Plan
 from .settings import load
-from .writes import db_now, enqueue_tick, sync
+from .writes import db_now, enqueue_tick, lock_not_available, sync, tick_transaction
 
 __all__ = ["Scheduler", "SchedulerThread", "db_now", "enqueue_tick", "sync"]
 
@@ -48,11 +49,6 @@ DUE_BATCH = 100  # due rows handled per query
 MAX_SLEEP = 10.0  # seconds between reads when no tick is nearer (an admin's enable, a sync)
 WAKE_MARGIN = 0.002  # past the tick, so that it is due by the time the query runs
 HOLD = 10.0  # seconds before retrying a schedule whose tick failed (its task is missing...)
-# On PostgreSQL, a tick's transaction neither waits long for a row another scheduler holds,
-# nor holds one long: a scheduler paused inside it (SIGSTOP, a frozen VM) is disconnected,
-# its transaction rolled back, and the tick left for the others.
-PG_GUARDS = "SET LOCAL lock_timeout = '2s'; SET LOCAL idle_in_transaction_session_timeout = '5s'"
-LOCK_NOT_AVAILABLE = "55P03"
 
 
 class Scheduler:
@@ -115,8 +111,9 @@ class Scheduler:
             enabled=True, removed_at=None, definition_hash__in=list(self.by_hash)
         )
         fields = ["name", "next_tick_at", "definition_hash"]
-        if connections[db].vendor == "postgresql":
-            now_sql = RawSQL("STATEMENT_TIMESTAMP()", [])
+        vendor = connections[db].vendor
+        if vendor in ("postgresql", "mysql"):
+            now_sql = RawSQL("STATEMENT_TIMESTAMP()", []) if vendor == "postgresql" else Now()
             found = list(
                 rows.annotate(db_now=now_sql)
                 .order_by("next_tick_at")
@@ -138,9 +135,7 @@ class Scheduler:
                 # skip those ticks, so that the schedule moves on.
                 self._write_tick(db, d, due, plan, enqueued_checked=True)
         except DatabaseError as exc:
-            if isinstance(exc, IntegrityError) or (
-                getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
-            ):
+            if isinstance(exc, IntegrityError) or lock_not_available(exc):
                 self._hold_off(d, exc)
                 return
             raise
@@ -150,11 +145,7 @@ class Scheduler:
     def _write_tick(
         self, db: str, d: Definition, due: datetime, plan: Plan, *, enqueued_checked: bool
     ) -> None:
-        connection = connections[db]
-        with transaction.atomic(using=db):
-            if connection.vendor == "postgresql":
-                with connection.cursor() as cursor:
-                    cursor.execute(PG_GUARDS)
+        with tick_transaction(db):
             won = Schedule.objects.using(db).filter(
                 name=d.name,
                 next_tick_at=due,
@@ -225,7 +216,7 @@ class Scheduler:
             Schedule.objects.using(db).filter(name=d.name).update(**updates)
 
     def _hold_off(self, d: Definition, exc: BaseException) -> None:
-        if getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE:
+        if lock_not_available(exc):
             self._hold[d.name] = time.monotonic() + 1.0  # another holds it: try again soon
             return
         logger.error(

@@ -1,25 +1,47 @@
 """The writes of periodic jobs besides a tick's compare-and-set (scheduler.py): storing the
-settings' definitions (sync), and inserting the job of a tick or of a Run now."""
+settings' definitions (sync), inserting the job of a tick or of a Run now, and the tick's
+transaction, which waits little for a row another scheduler holds."""
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from django.db import connections, router
+from django.db import DatabaseError, connections, router, transaction
 from django.utils import timezone
 
 from ..conf import get_settings
 from ..loading import load_task
+from ..managers.mysql import lock_conflict
 from ..models import Job, Schedule
 from ..task_options import with_settings
 from ..uniqueness import UniqueScope, is_unique, unique_key
 from .definitions import Definition
 
 logger = logging.getLogger("django_jobstate.scheduler")
+
+# A tick's transaction neither waits long for a row another scheduler holds, nor (on
+# PostgreSQL and MariaDB) holds one long: a scheduler paused inside it (SIGSTOP, a frozen
+# VM) is disconnected, its transaction rolled back, and the tick left for the others.
+PG_GUARDS = "SET LOCAL lock_timeout = '2s'; SET LOCAL idle_in_transaction_session_timeout = '5s'"
+LOCK_NOT_AVAILABLE = "55P03"
+# MariaDB/MySQL have no SET LOCAL: the session's values are kept in user variables and
+# put back after the transaction. idle_transaction_timeout is MariaDB's only (MySQL 8 has
+# none: a scheduler paused inside a tick holds its row until it resumes or its connection
+# is closed, and the others hold off from that schedule meanwhile).
+MYSQL_GUARDS = (
+    "SET @jobstate_lock_wait = @@SESSION.innodb_lock_wait_timeout, "
+    "SESSION innodb_lock_wait_timeout = 2"
+)
+MYSQL_RESTORE = "SET SESSION innodb_lock_wait_timeout = @jobstate_lock_wait"
+MARIADB_GUARDS = (
+    ", @jobstate_idle = @@SESSION.idle_transaction_timeout, SESSION idle_transaction_timeout = 5"
+)
+MARIADB_RESTORE = ", SESSION idle_transaction_timeout = @jobstate_idle"
 
 # sync(): how many times a definition's store is tried again when a tick of the old one
 # changed the row between its read and its write (each try reads the row afresh).
@@ -38,6 +60,37 @@ def db_now(db: str) -> datetime:
     with connection.cursor() as cursor:
         cursor.execute("SELECT STATEMENT_TIMESTAMP()")
         return cursor.fetchone()[0]
+
+
+def lock_not_available(exc: BaseException) -> bool:
+    """Whether a tick's transaction gave up on a row another scheduler holds (or, on
+    MariaDB/MySQL, was chosen as a deadlock's victim): nothing was written; try again soon."""
+    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE or lock_conflict(exc)
+
+
+@contextmanager
+def tick_transaction(db: str) -> Iterator[None]:
+    """The transaction of one tick (scheduler.py), with the guards above."""
+    connection = connections[db]
+    if connection.vendor != "mysql":
+        with transaction.atomic(using=db):
+            if connection.vendor == "postgresql":
+                with connection.cursor() as cursor:
+                    cursor.execute(PG_GUARDS)
+            yield
+        return
+    mariadb = getattr(connection, "mysql_is_mariadb", False)  # the MySQL backend's
+    with connection.cursor() as cursor:
+        cursor.execute(MYSQL_GUARDS + (MARIADB_GUARDS if mariadb else ""))
+    try:
+        with transaction.atomic(using=db):
+            yield
+    finally:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(MYSQL_RESTORE + (MARIADB_RESTORE if mariadb else ""))
+        except DatabaseError:
+            pass  # the connection is lost, and its session with it (or a test's transaction failed)
 
 
 def sync(definitions: Iterable[Definition], *, remove: bool = True) -> None:

@@ -4,10 +4,12 @@ import argparse
 import importlib.util
 import logging
 import signal
+import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db import DatabaseError, connections
 
 from django_jobstate.management.arguments import (
     port_number,
@@ -16,7 +18,8 @@ from django_jobstate.management.arguments import (
     queue_name,
 )
 from django_jobstate.receivers import watch_for_dead_peers
-from django_jobstate.runner.supervisor import Supervisor, configure_logging
+from django_jobstate.runner.child import configure_logging
+from django_jobstate.runner.supervisor import Supervisor
 
 if TYPE_CHECKING:
     from django_jobstate.telemetry.gauges import Exporter
@@ -86,6 +89,37 @@ class Command(BaseCommand):
             help="Run no scheduler: enqueue no periodic job (SCHEDULES) from this runjobs. "
             "A --burst run never schedules.",
         )
+
+    _burst = False  # execute() sets it: check() runs before handle()
+
+    def execute(self, *args: Any, **options: Any) -> Any:
+        self._burst = bool(options.get("burst"))
+        return super().execute(*args, **options)
+
+    def check(self, *args: Any, **kwargs: Any) -> None:
+        """Django's system checks, once the database answers. On MariaDB/MySQL they ask
+        the server its version, so a runjobs started while the server is down (a restart,
+        a failover, systemd starting it again) would exit on a traceback: a long-running
+        one waits for the server instead, as it waits for one lost later; a burst run
+        exits 3, as when it cannot reach the database afterwards."""
+        said = False
+        while True:
+            try:
+                super().check(*args, **kwargs)
+                return
+            except DatabaseError as exc:
+                connections.close_all()
+                if self._burst:
+                    raise CommandError(
+                        f"A burst run could not reach the database for the system checks: {exc}",
+                        returncode=3,
+                    ) from None
+                if not said:
+                    self.stderr.write(
+                        f"Database unavailable for the system checks ({exc}); runjobs waits for it"
+                    )
+                    said = True
+                time.sleep(1.0)  # a server restart takes seconds
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
