@@ -19,8 +19,7 @@ copyright = "django-jobstate contributors"
 
 extensions = ["myst_parser"]
 source_suffix = {".md": "markdown"}
-# The guides still link to the README's sections: in the site once they moved.
-exclude_patterns = ["_build", "guides"]
+exclude_patterns = ["_build"]
 # Every link to a heading (`page.md#heading`, GitHub's anchors, as tests/test_readme.py
 # checks them) resolves or warns; scripts/docs makes warnings errors.
 myst_heading_anchors = 4
