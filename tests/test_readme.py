@@ -1,5 +1,5 @@
-"""Every Python snippet of the README and of the guides (docs/**/*.md) runs as written, so
-a wrong snippet fails CI.
+"""Every Python snippet of the README and of the documentation's pages (docs/**/*.md) runs
+as written, so a wrong snippet fails CI.
 
 Each ```python block is preceded by a marker, an HTML comment the rendered page hides:
 
@@ -257,3 +257,18 @@ def test_relative_links_lead_somewhere(page, target, fragment):
             for h in HEADING.findall(re.sub(r"```.*?```", "", path.read_text(), flags=re.S))
         }
         assert fragment in anchors, f"{page}: {target}#{fragment} names no heading of {target}"
+
+
+def test_every_check_id_is_in_the_reference():
+    """docs/reference/checks.md lists every id the package's system checks can report."""
+    ids = {
+        found
+        for path in (ROOT / "django_jobstate").rglob("*.py")
+        for found in re.findall(r"django_jobstate\.[EW]\d{3}", path.read_text())
+    }
+    page = (ROOT / "docs" / "reference" / "checks.md").read_text()
+
+    missing = sorted(check_id for check_id in ids if f"`{check_id}`" not in page)
+
+    assert ids, "no check id found under django_jobstate/"
+    assert missing == [], f"docs/reference/checks.md lacks {missing}"

@@ -114,8 +114,8 @@ WAGTAILADMIN_BASE_URL = "http://localhost"
 # to a file, so the tests see the task run.
 WAGTAILFRONTENDCACHE = {"recorder": {"BACKEND": "tests_wagtail.home.cache.RecordingBackend"}}
 
-# Settings a test adds for its runjobs subprocess, as JSON (the task options of the README's
-# Wagtail section); none otherwise.
+# Settings a test adds for its runjobs subprocess, as JSON (the task options of the Wagtail
+# guide, docs/howto/wagtail.md); none otherwise.
 globals().update(json.loads(os.environ.get("JOBSTATE_TEST_SETTINGS", "{}")))
 
 LOGGING = {

@@ -102,7 +102,7 @@ def test_publish_edit_and_delete_a_page_and_an_image(site_root, make_image, runj
     assert sorted(args[1] for args in deleted) == sorted([image.file.name, rendition.file.name])
     assert [f for f in files if f.exists()] == []
 
-    # As the README says: an object deleted before its index jobs ran fails them, harmlessly
+    # As the Wagtail guide says: an object deleted before its index jobs ran fails them, harmlessly
     # (Wagtail's tasks look it up, and it is gone; Wagtail unindexed it at the delete).
     with transaction.atomic():  # its jobs are seen by the worker once it is gone
         gone = make_image("gone")

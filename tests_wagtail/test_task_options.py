@@ -1,7 +1,8 @@
-"""The README's JOBSTATE_TASK_OPTIONS for a Wagtail site: each page save enqueues Wagtail's
-search and reference index tasks, three of each for a new page's publish; the options
-collapse them to one of each, so that several workers no longer race on a page's first
-search index entry ("UNIQUE constraint failed: wagtailsearch_indexentry...")."""
+"""The Wagtail guide's JOBSTATE_TASK_OPTIONS (docs/howto/wagtail.md): each page save of a
+Wagtail site enqueues Wagtail's search and reference index tasks, three of each for a new
+page's publish; the options collapse them to one of each, so that several workers no
+longer race on a page's first search index entry ("UNIQUE constraint failed:
+wagtailsearch_indexentry...")."""
 
 import json
 import re
@@ -20,12 +21,11 @@ SEARCH = "modelsearch.tasks.insert_or_update_object_task"
 REFERENCES = "wagtail.tasks.update_reference_index_task"
 
 
-def readme_options() -> dict[str, dict[str, object]]:
-    """JOBSTATE_TASK_OPTIONS as the README's Wagtail section writes it."""
-    text = (ROOT / "README.md").read_text()
-    section = text[text.index("\n### Wagtail\n") :]
+def guide_options() -> dict[str, dict[str, object]]:
+    """JOBSTATE_TASK_OPTIONS as the Wagtail guide writes it."""
+    section = (ROOT / "docs" / "howto" / "wagtail.md").read_text()
     code = re.search(r"^```python\n(.*?)^```", section, re.M | re.S)
-    assert code is not None, "no python block in the README's Wagtail section"
+    assert code is not None, "no python block in docs/howto/wagtail.md"
     namespace: dict[str, object] = {}
     exec(code[1], namespace)
     options = namespace["JOBSTATE_TASK_OPTIONS"]
@@ -64,8 +64,8 @@ def test_without_options_a_publish_enqueues_each_task_three_times(site_root):
     assert jobs_per_page(SEARCH) == jobs_per_page(REFERENCES) == {str(page.pk): 3}
 
 
-def test_the_readme_options_collapse_the_duplicates(site_root, settings, runjobs):
-    options = readme_options()
+def test_the_guide_options_collapse_the_duplicates(site_root, settings, runjobs):
+    options = guide_options()
     assert set(options) == {SEARCH, REFERENCES}
     settings.JOBSTATE_TASK_OPTIONS = options
     call_command("check", fail_level="WARNING")  # both paths known, the options valid
