@@ -1,6 +1,6 @@
-"""The torture run's record (bench/torture.py): one row per start of a task body.
+"""The torture run's record (bench/torture/torture.py): one row per start of a task body.
 
-The `bench` app is installed only by bench/torture_settings.py.
+The `bench` app is installed only by bench/torture/torture_settings.py.
 """
 
 from django.db import models

@@ -1,4 +1,5 @@
-"""The benchmark still runs: `bench/bench.py --quick` (smaller) on the database under test.
+"""The benchmark still runs: `bench/benchmark/bench.py --quick` (smaller) on the database
+under test.
 
 A smoke test, not a benchmark: it checks the exit status and that the table was printed,
 never a number. bench.py exits non-zero when it cannot run, or when a django-jobstate job
@@ -33,7 +34,7 @@ def test_bench_quick_runs(tmp_path: Path) -> None:
     proc = subprocess.run(
         [
             sys.executable,
-            str(ROOT / "bench" / "bench.py"),
+            str(ROOT / "bench" / "benchmark" / "bench.py"),
             "--quick",
             # Smaller still than --quick where bench.py lets us say so: every figure, system
             # and code path still runs, on fewer jobs.

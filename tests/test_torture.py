@@ -1,4 +1,4 @@
-"""The torture run, short: bench/torture.py with a few hundred jobs and a few faults.
+"""The torture run, short: bench/torture/torture.py with a few hundred jobs and a few faults.
 
 The same script as the long run in the README (run here as a subprocess, with its own
 database and settings): real `runjobs` supervisors, all given the same --worker-id, whose
@@ -8,7 +8,7 @@ restarted once), tasks that hold the interpreter, raise unstorable errors, and a
 a timeout; on PostgreSQL, supervisors with their clocks an hour off and, as root, one on
 a worker host of its own whose link is cut past the window; one of the two supervisors
 runs several attempts at once (--in-flight), a third of the tasks async. Beside them,
-its workloads (bench/torture_workloads.py): cancels at random moments, a schedule ticking
+its workloads (bench/torture/torture_workloads.py): cancels at random moments, a schedule ticking
 every second, unique tasks enqueued while the workers drain, batches of fast jobs with a
 slow one, rows locked by another connection, and the job table locked while attempts
 with a 1 s timeout run. Every must-be-zero figure of its report must be zero.
@@ -59,7 +59,7 @@ def run_torture(tmp_path: Path, *args: str) -> tuple[dict, str]:
     report = tmp_path / "torture.json"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "JOBSTATE_TEST"))}
     done = subprocess.run(
-        [sys.executable, "bench/torture.py", *args, "--json", str(report)],
+        [sys.executable, "bench/torture/torture.py", *args, "--json", str(report)],
         cwd=ROOT,
         env=env,
         capture_output=True,

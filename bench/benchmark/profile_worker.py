@@ -1,6 +1,7 @@
 """Where django-jobstate's worker spends its time, per job.
 
-    python bench/profile_worker.py [--db sqlite|postgres|mysql] [--n 5000] [--top 15] [--cprofile]
+    python bench/benchmark/profile_worker.py [--db sqlite|postgres|mysql] [--n 5000] [--top 15]
+        [--cprofile]
         [--workers 4]
 
 On a fresh database holding `n` no-op jobs. With py-spy installed (pip install py-spy):
@@ -29,9 +30,9 @@ import time
 from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: import the bench.* siblings, not bench.py
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.bench_run import JOBSTATE, ROOT, Database, helper
+from bench.benchmark.bench_run import JOBSTATE, ROOT, Database, helper
 
 
 def profile(n: int, top: int) -> None:
@@ -115,7 +116,7 @@ COUNTERS = [
 def server_counters() -> dict[str, int]:
     """MariaDB's global counters of what COUNTERS names (every session's, so the drain's
     when nothing else runs on the server)."""
-    from bench.bench_run import mysql_admin
+    from bench.benchmark.bench_run import mysql_admin
 
     with mysql_admin() as cursor:
         marks = ", ".join(["%s"] * len(COUNTERS))
@@ -161,7 +162,7 @@ def main() -> int:
             elif py_spy() and not args.cprofile:
                 code = spy(env, args.n, args.top, Path(workdir))
             else:
-                command = [sys.executable, "-m", "bench.profile_worker", "--inside"]
+                command = [sys.executable, "-m", "bench.benchmark.profile_worker", "--inside"]
                 command += ["--n", str(args.n), "--top", str(args.top)]
                 code = subprocess.run(command, cwd=ROOT, env=env).returncode
             if before:

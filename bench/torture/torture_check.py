@@ -1,6 +1,6 @@
 """The torture run's verdict: figures computed from the rows and the log of faults.
 
-Used by bench/torture.py once every supervisor has stopped. See torture.py's docstring for
+Used by bench/torture/torture.py once every supervisor has stopped. See torture.py's docstring for
 what each must-be-zero figure means and why its check is sound.
 """
 
@@ -17,7 +17,7 @@ from django.db.models import Count
 from django.utils import timezone
 
 from bench.models import Execution
-from bench.torture_tasks import (
+from bench.torture.torture_tasks import (
     FAIL,
     GIL_HOLD,
     GIL_OVERRUN,
@@ -30,7 +30,7 @@ from bench.torture_tasks import (
     planned_error,
     stored_message,
 )
-from bench.torture_workloads import Workload
+from bench.torture.torture_workloads import Workload
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
 
@@ -667,7 +667,7 @@ def check(
             "late outcomes refused (worker log: 'discarded')", log_text.count("discarded")
         ),
     }
-    from bench.torture_check_workloads import workload_figures  # it imports this module
+    from bench.torture.torture_check_workloads import workload_figures  # it imports this module
 
     figures.update(workload_figures(jobs, executions, faults, examples))
     for key, lines in examples.items():

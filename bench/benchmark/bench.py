@@ -1,6 +1,7 @@
 """Side-by-side benchmark: django-jobstate against django-tasks-db (issue 6).
 
-    bench/bench.py [--quick] [--db sqlite|postgres|mysql|both|all] [--only drain,enqueue,...]
+    bench/benchmark/bench.py [--quick] [--db sqlite|postgres|mysql|both|all]
+        [--only drain,enqueue,...]
 
 Each runner gets its own fresh database (a copy of a migrated template) and its own
 settings module, on the same server and machine, with the same N and worker count.
@@ -33,12 +34,12 @@ from pathlib import Path
 from typing import Any
 
 if __package__ in (None, ""):  # run as a script: import the bench.* siblings, not this file
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench.bench_figures import Issue17Figures, percentile
-from bench.bench_peers import PEER_KEYS, peer_systems
-from bench.bench_report import render_table
-from bench.bench_run import ROOT, SYSTEMS, Database, System, Workers, helper
+from bench.benchmark.bench_figures import Issue17Figures, percentile
+from bench.benchmark.bench_peers import PEER_KEYS, peer_systems
+from bench.benchmark.bench_report import render_table
+from bench.benchmark.bench_run import ROOT, SYSTEMS, Database, System, Workers, helper
 
 FIGURES = [
     "drain",

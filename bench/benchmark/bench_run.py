@@ -1,12 +1,11 @@
 """The benchmark's plumbing: fresh databases, the two runners' worker processes, RSS.
 
 Nothing here imports Django: every database read or write goes through a
-`python -m bench.bench_helper` subprocess under the runner's own settings module.
+`python -m bench.benchmark.bench_helper` subprocess under the runner's own settings module.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import glob
 import json
@@ -19,12 +18,13 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.common import mysql_admin
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -34,7 +34,7 @@ class System:
     settings: str  # the Django settings module ("" for a peer, which has no Django)
     # A peer runs under its own interpreter (its own venv) and its own helper module.
     python: str = sys.executable
-    helper_module: str = "bench.bench_helper"
+    helper_module: str = "bench.benchmark.bench_helper"
     env: tuple[tuple[str, str], ...] = ()
     burst: bool = True  # its workers can exit once the queue is empty
     database: bool = True  # it keeps its jobs in the database (Celery: in Redis)
@@ -42,7 +42,7 @@ class System:
 
     @property
     def peer(self) -> bool:
-        return self.helper_module != "bench.bench_helper"
+        return self.helper_module != "bench.benchmark.bench_helper"
 
     def worker_commands(self, workers: int, *, burst: bool, in_flight: int = 1) -> list[list[str]]:
         """One command per process to start: runjobs supervises its own worker processes,
@@ -80,8 +80,8 @@ class System:
         return [pid for p in procs for pid in children(p.pid) if not is_resource_tracker(pid)]
 
 
-JOBSTATE = System("jobstate", "django-jobstate", "bench.bench_settings_jobstate")
-TASKSDB = System("tasksdb", "django-tasks-db", "bench.bench_settings_tasksdb")
+JOBSTATE = System("jobstate", "django-jobstate", "bench.benchmark.bench_settings_jobstate")
+TASKSDB = System("tasksdb", "django-tasks-db", "bench.benchmark.bench_settings_tasksdb")
 SYSTEMS = [JOBSTATE, TASKSDB]
 
 
@@ -263,25 +263,6 @@ MYSQL_SETTINGS = [
 ]
 
 
-@contextlib.contextmanager
-def mysql_admin(database: str | None = None) -> Iterator[Any]:
-    """A cursor in autocommit on the server of JOBSTATE_MYSQL_* (scripts/mysql's)."""
-    import MySQLdb
-
-    conn = MySQLdb.connect(
-        host=os.environ.get("JOBSTATE_MYSQL_HOST", "127.0.0.1"),
-        port=int(os.environ.get("JOBSTATE_MYSQL_PORT", "3306")),
-        user=os.environ.get("JOBSTATE_MYSQL_USER", "jobstate"),
-        password=os.environ.get("JOBSTATE_MYSQL_PASSWORD", ""),
-        **({"database": database} if database else {}),
-    )
-    conn.autocommit(True)
-    try:
-        yield conn.cursor()
-    finally:
-        conn.close()
-
-
 def mysql_commits(name: str, clients: int, seconds: float) -> float:
     """Single-row UPDATE commits/s of `clients` connections (threads: the time is the
     server's, the GIL is released while each waits), pgbench's figure for MariaDB."""
@@ -321,7 +302,7 @@ def helper(env: dict[str, str], *args: str, stdin: str | None = None, timeout: f
     peer's own interpreter) under `env`; return its JSON."""
     python = env.get("BENCH_PYTHON", sys.executable)
     proc = subprocess.run(
-        [python, "-m", env.get("BENCH_HELPER", "bench.bench_helper"), *args],
+        [python, "-m", env.get("BENCH_HELPER", "bench.benchmark.bench_helper"), *args],
         cwd=ROOT,
         env=env,
         input=stdin,

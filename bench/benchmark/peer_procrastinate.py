@@ -1,7 +1,7 @@
 """Procrastinate, as the benchmark runs it, in its own environment (.venv-peers/procrastinate).
 
-The app (`--app=bench.peer_procrastinate.app`) and the benchmark's commands (`python -m
-bench.peer_procrastinate COMMAND`, see peer_common), on the same PostgreSQL server as
+The app (`--app=bench.benchmark.peer_procrastinate.app`) and the benchmark's commands (`python -m
+bench.benchmark.peer_procrastinate COMMAND`, see peer_common), on the same PostgreSQL server as
 django-jobstate (a fresh database per drain, its schema applied by `migrate`). Its tasks
 are `async def`, as Procrastinate's documentation recommends for I/O: a worker process
 runs up to `--concurrency` of them at once on its event loop (bench_peers picks it). Its
@@ -22,9 +22,9 @@ import psycopg
 import redis.asyncio
 
 if __package__ in (None, ""):
-    sys.exit("run as: python -m bench.peer_procrastinate COMMAND")
+    sys.exit("run as: python -m bench.benchmark.peer_procrastinate COMMAND")
 
-from bench import peer_common
+from bench.benchmark import peer_common
 
 BATCH = 5_000  # jobs per batch_defer() call, like django-jobstate's bulk_enqueue chunks
 

@@ -1,4 +1,4 @@
-"""The torture run's verdict on its workloads (bench/torture_workloads.py).
+"""The torture run's verdict on its workloads (bench/torture/torture_workloads.py).
 
 Why each check is sound:
 - Cancels. The attempt a cancel acted on is the task's first with cancel_requested_at
@@ -36,11 +36,12 @@ from collections import Counter, defaultdict
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from bench.torture_check import (
+from bench.torture.torture_check import (
     CLOCK_SLACK,
     STOPPED_AT,
     Faults,
     Figure,
+    Outage,
     _is_outage,
     _overlaps,
     _seconds,
@@ -48,7 +49,7 @@ from bench.torture_check import (
     describe,
     held,
 )
-from bench.torture_workloads import TICK_SCHEDULE, Workload
+from bench.torture.torture_workloads import TICK_SCHEDULE, Workload
 from django_jobstate.states import FailureReason, State
 
 # A holder's finished_at is the start of its outcome's transaction (PostgreSQL's now(); on
@@ -278,7 +279,7 @@ def _batches(
                     delay = (a["finished_at"] - returned).total_seconds()
                     delays.append(delay)
                     if delay > LATE_WRITE and not _stalled(
-                        faults, jobs, wid, returned, a["finished_at"]
+                        faults, work, jobs, wid, returned, a["finished_at"]
                     ):
                         late += 1
                         examples["batch_late"].append(f"{describe(a)}; returned {returned}")
@@ -296,7 +297,7 @@ def _batches(
                 killed = min((t for t in at if t >= returned - CLOCK_SLACK), default=None)
                 if killed is not None and (
                     (killed - returned).total_seconds() <= FLUSH_BOUND
-                    or _stalled(faults, jobs, wid, returned, killed)
+                    or _stalled(faults, work, jobs, wid, returned, killed)
                 ):
                     lost_in_bound += 1
                 else:
@@ -326,11 +327,16 @@ def _batches(
     }
 
 
-def _stalled(faults: Faults, jobs: list[Row], wid: str, start: datetime, end: datetime) -> bool:
+def _stalled(
+    faults: Faults, work: Workload, jobs: list[Row], wid: str, start: datetime, end: datetime
+) -> bool:
     """Could worker `wid` not write between `start` and `end`: the database away (or
     restarted, or connections killed: the write then retries after a back-off), its link
-    cut, its process SIGSTOPped, or its interpreter held by an attempt beside it?"""
-    away = [*faults.outages, *faults.table_locks]
+    cut, its process SIGSTOPped, or its interpreter held by an attempt beside it? On
+    SQLite a "row lock" is a transaction that holds the one write lock (IMMEDIATE)."""
+    away: list[Any] = [*faults.outages, *faults.table_locks]
+    if not work.row_locks_exclusive:
+        away += [Outage("row lock", lock.at, lock.released) for lock in work.row_locks]
     if any(_overlaps(start, end, o.at, o.ended) for o in away):
         return True
     breaks = [*faults.restarted_at, *(k.at for k in faults.connection_kills)]

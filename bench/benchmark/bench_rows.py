@@ -16,8 +16,8 @@ from django.conf import settings
 from django.db import connection, models
 from django.utils import timezone
 
-from bench import bench_tasks
-from bench.bench_tasks import noop, old_noop, warmup
+from bench.benchmark import bench_tasks
+from bench.benchmark.bench_tasks import noop, old_noop, warmup
 
 HISTORY_WORKER = "bench-history"
 
@@ -174,7 +174,7 @@ class JobStateRows(Rows):
         self.terminal_q = models.Q(state__in=TERMINAL_STATES)
 
     def seed(self, n: int, task: Any = noop) -> str:
-        from bench.bench_helper import bulk_enqueue
+        from bench.benchmark.bench_helper import bulk_enqueue
 
         bulk = getattr(task.get_backend(), "bulk_enqueue", None)
         if bulk is not None:

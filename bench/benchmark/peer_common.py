@@ -7,7 +7,7 @@ benchmark counts jobs run twice and jobs missing (exactly-once), the drain's spa
 pickup latencies. Imports only `redis`: it runs under each peer's own interpreter, never
 django-jobstate's.
 
-`python -m bench.peer_celery COMMAND [ARG...]` (or peer_procrastinate) prints one line of
+`python -m bench.benchmark.peer_celery COMMAND [ARG...]` (or peer_procrastinate) prints one line of
 JSON, like bench_helper: the commands are the functions in `commands()`.
 """
 
@@ -184,4 +184,4 @@ def main(peer: Peer, argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit("run bench.peer_celery or bench.peer_procrastinate")
+    sys.exit("run bench.benchmark.peer_celery or bench.benchmark.peer_procrastinate")

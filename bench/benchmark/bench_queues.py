@@ -1,6 +1,6 @@
 """Claims from one queue while other queues hold large backlogs, against an empty table.
 
-    python bench/bench_queues.py --db sqlite|postgres [--backlog 200000] [--claims 2000]
+    python bench/benchmark/bench_queues.py --db sqlite|postgres [--backlog 200000] [--claims 2000]
 
 A benchmark, not a test (issue 15): it prints claims per second of a worker serving the
 "small" queue (the claim statements' time; one job per claim, then its success), first

@@ -1,7 +1,7 @@
 """The benchmark's settings for django-tasks-db: its app and its backend, nothing else."""
 
-from bench.bench_settings import *  # noqa: F403
-from bench.bench_settings import database
+from bench.benchmark.bench_settings import *  # noqa: F403
+from bench.benchmark.bench_settings import database
 
 INSTALLED_APPS = ["django_tasks_db"]
 # django-tasks-db sets nothing on SQLite connections. bench.py turns WAL on in its database

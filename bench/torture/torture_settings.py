@@ -1,4 +1,4 @@
-"""Settings for bench/torture.py and the `runjobs` supervisors it starts.
+"""Settings for bench/torture/torture.py and the `runjobs` supervisors it starts.
 
 torture.py sets the database in the environment: JOBSTATE_TORTURE_DB (postgres, mysql or
 sqlite) and JOBSTATE_TORTURE_DB_NAME (a database name or a file path); the PostgreSQL
@@ -6,6 +6,8 @@ server is the one in the PG* variables, MariaDB the one in JOBSTATE_MYSQL_*.
 """
 
 import os
+
+from bench.common import database_settings
 
 SECRET_KEY = "torture-not-secret"
 DEBUG = False  # no query log growing in long-lived workers
@@ -16,36 +18,7 @@ INSTALLED_APPS = ["django_jobstate", "bench"]
 
 _vendor = os.environ.get("JOBSTATE_TORTURE_DB", "sqlite")
 _name = os.environ.get("JOBSTATE_TORTURE_DB_NAME", "")
-if _vendor == "postgres":
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.postgresql",
-            "NAME": _name,
-            "HOST": os.environ.get("PGHOST", "127.0.0.1"),
-            "PORT": os.environ.get("PGPORT", "5432"),
-            "USER": os.environ.get("PGUSER", "postgres"),
-            "PASSWORD": os.environ.get("PGPASSWORD", ""),
-        }
-    }
-elif _vendor == "mysql":
-    DATABASES = {
-        "default": {
-            "ENGINE": "django.db.backends.mysql",
-            "NAME": _name,
-            "HOST": os.environ.get("JOBSTATE_MYSQL_HOST", "127.0.0.1"),
-            "PORT": os.environ.get("JOBSTATE_MYSQL_PORT", "3306"),
-            "USER": os.environ.get("JOBSTATE_MYSQL_USER", "jobstate"),
-            "PASSWORD": os.environ.get("JOBSTATE_MYSQL_PASSWORD", ""),
-            "OPTIONS": {"charset": "utf8mb4"},
-        }
-    }
-elif _vendor == "sqlite":
-    # Django's defaults: the app sets WAL and a busy timeout on its own connections.
-    DATABASES = {"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": _name}}
-else:
-    raise RuntimeError(
-        f"JOBSTATE_TORTURE_DB must be 'postgres', 'mysql' or 'sqlite', not {_vendor!r}"
-    )
+DATABASES = {"default": database_settings(_vendor, _name)}
 
 TASKS = {"default": {"BACKEND": "django_jobstate.backend.JobStateBackend"}}
 # Schedules ticking (torture.py sets it unless --no-ticks): a tick a second, each to be
@@ -55,7 +28,7 @@ if _seed := os.environ.get("JOBSTATE_TORTURE_TICKS"):
     TASKS["default"]["OPTIONS"] = {
         "SCHEDULES": {
             "torture-tick": {
-                "task": "bench.torture_tasks.once",
+                "task": "bench.torture.torture_tasks.once",
                 "every": 1,
                 "args": [int(_seed), "tick", 0, 0.0],
                 "catch_up": "all",
@@ -63,7 +36,7 @@ if _seed := os.environ.get("JOBSTATE_TORTURE_TICKS"):
         }
     }
 # The tasks' module is no app's `tasks` module, which is all a worker imports unasked.
-JOBSTATE_TASK_MODULES = ["bench.torture_tasks"]
+JOBSTATE_TASK_MODULES = ["bench.torture.torture_tasks"]
 
 # Short, so that a lost worker is rescued in seconds. LOST_AFTER is 8 heartbeats: a
 # loaded machine may miss a few without a live worker being taken for lost.

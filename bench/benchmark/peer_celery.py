@@ -1,11 +1,12 @@
 """Celery on Redis, as the benchmark runs it, in its own environment (.venv-peers/celery).
 
-The app (`-A bench.peer_celery`) and the benchmark's commands (`python -m bench.peer_celery
-COMMAND`, see peer_common). Configured as Celery's "Optimizing" guide says for many short
-tasks, throughput first: no result backend (`task_ignore_result`), a large prefetch
-(`worker_prefetch_multiplier = 64`, the guide's "64 or 128" for short tasks), rate limits
-off, the prefork pool with `-O fair` (the default), and none of the cluster chatter
-(`--without-gossip --without-mingle --without-heartbeat`). `task_acks_late` comes from
+The app (`-A bench.benchmark.peer_celery`) and the benchmark's commands (`python -m
+bench.benchmark.peer_celery COMMAND`, see peer_common). Configured as Celery's "Optimizing"
+guide says for many short tasks, throughput first: no result backend
+(`task_ignore_result`), a large prefetch (`worker_prefetch_multiplier = 64`, the guide's
+"64 or 128" for short tasks), rate limits off, the prefork pool with `-O fair` (the
+default), and none of the cluster chatter (`--without-gossip --without-mingle
+--without-heartbeat`). `task_acks_late` comes from
 BENCH_CELERY_ACKS_LATE (the benchmark reports both). JSON messages, Celery's default.
 """
 
@@ -19,9 +20,9 @@ from typing import Any
 from celery import Celery
 
 if __package__ in (None, ""):
-    sys.exit("run as: python -m bench.peer_celery COMMAND")
+    sys.exit("run as: python -m bench.benchmark.peer_celery COMMAND")
 
-from bench import peer_common
+from bench.benchmark import peer_common
 
 PREFETCH = 64
 QUEUE = "celery"  # Celery's default queue: a Redis list of that name

@@ -1,6 +1,7 @@
 """How long one scheduler takes to enqueue the ticks of many schedules due at once.
 
-    JOBSTATE_TEST_DB=sqlite|postgres JOBSTATE_TEST_DB_NAME=... python bench/schedules_scale.py [N]
+    JOBSTATE_TEST_DB=sqlite|postgres JOBSTATE_TEST_DB_NAME=... \\
+        python bench/benchmark/schedules_scale.py [N]
 
 Runs against a scratch database that tests.settings names (migrated by the script; its
 jobs and schedules are deleted). Stores N schedules `every: 60` (default 1,000), makes them
@@ -16,7 +17,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 import django

@@ -1,6 +1,6 @@
 """The torture run's workloads beside its kills and outages, each drawn from the seed.
 
-Mixed into bench/torture.py's Torture (it needs its rng, faults, clock and tick()); each
+Mixed into bench/torture/torture.py's Torture (it needs its rng, faults, clock and tick()); each
 is switched off by its own --no-... flag, and checked by torture_check_workloads.py:
 - cancels at random moments (JobStateBackend.cancel, Job.objects.cancel_task, or
   Job.objects.cancel of the newest attempt), of queued attempts due now (racing the
@@ -35,7 +35,7 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from bench.torture_check import Faults
+    from bench.torture.torture_check import Faults
 
 UNIQUE_KEYS = 6  # keys the unique tasks share: most enqueues meet a live holder
 UNIQUE_THREADS = 2
@@ -165,7 +165,7 @@ class Workloads:
     def cancel(self) -> bool:
         from django.db import DatabaseError, connection
 
-        from bench.torture_tasks import ORDINARY
+        from bench.torture.torture_tasks import ORDINARY
         from django_jobstate.models import Job
         from django_jobstate.tasksapi import task_backends
 
@@ -232,7 +232,7 @@ class Workloads:
         """Enqueue unique tasks over a few keys until told to stop (a thread of its own)."""
         from django.db import DatabaseError, connection, transaction
 
-        from bench import torture_tasks as tt
+        from bench.torture import torture_tasks as tt
 
         rng = random.Random(f"{self.options.seed}/unique/{n}")
         hold = self.options.db == "postgres"  # SQLite: a held transaction holds every writer
@@ -281,7 +281,7 @@ class Workloads:
         from django.test import override_settings
         from django.utils import timezone
 
-        from bench import torture_tasks as tt
+        from bench.torture import torture_tasks as tt
 
         rng, o = self.rng, self.options
         task = tt.batched_async if rng.random() < o.async_fraction else tt.batched
@@ -305,7 +305,7 @@ class Workloads:
         """SIGKILL the worker of each pending batch's slow job half-way through its body
         (False while some are pending)."""
         from bench.models import Execution
-        from bench.torture_check import Kill
+        from bench.torture.torture_check import Kill
         from django_jobstate.models import Job, WorkerHeartbeat
 
         pending, self.pending_kills = self.pending_kills, []
@@ -389,7 +389,7 @@ class Workloads:
         """Lock the job table for the lost-after window just after attempts with a 1 s
         timeout began (False until one has, for up to LOCK_WAIT tries)."""
         from bench.models import Execution
-        from bench.torture_check import Outage
+        from bench.torture.torture_check import Outage
 
         if any(lock.released is None for lock in self.faults.workload.row_locks):
             return False  # the lock would wait for them, and this loop with it
@@ -445,7 +445,7 @@ class Workloads:
         from django.db import transaction
         from django.utils import timezone
 
-        from bench import torture_tasks as tt
+        from bench.torture import torture_tasks as tt
 
         now, o = timezone.now(), self.options
         with transaction.atomic():

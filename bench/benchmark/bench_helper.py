@@ -1,6 +1,6 @@
 """The benchmark's in-Django half: one command per call, under one runner's settings.
 
-`python -m bench.bench_helper COMMAND [ARG...]`, run by bench.py from the repository root
+`python -m bench.benchmark.bench_helper COMMAND [ARG...]`, run by bench.py from the repository root
 with DJANGO_SETTINGS_MODULE and BENCH_DB* set, prints one line of JSON. This module knows
 each system's table (bench_rows.py); bench.py knows neither Django nor the systems.
 """
@@ -257,7 +257,7 @@ def main(argv: list[str]) -> None:
     django.setup()
     from django.db import connections
 
-    from bench.bench_rows import rows_for_settings
+    from bench.benchmark.bench_rows import rows_for_settings
 
     command, *args = argv
     try:

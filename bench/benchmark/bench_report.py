@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from bench.bench_targets import SHORT, peer_lines, target_lines
+from bench.benchmark.bench_targets import SHORT, peer_lines, target_lines
 
 Getter = Callable[[dict[str, Any]], Any]
 

@@ -255,7 +255,7 @@ def unique_flaky(
 
 
 ASYNC_TWINS = {flaky: flaky_async, once: once_async, overrun: overrun_async, batched: batched_async}
-# The tasks of the main mix (bench/torture.py's enqueue), which the cancels pick from.
+# The tasks of the main mix (bench/torture/torture.py's enqueue), which the cancels pick from.
 ORDINARY = frozenset(
     t.module_path for t in (flaky, once, overrun, flaky_async, once_async, overrun_async)
 )

@@ -1,8 +1,8 @@
 """A TCP to Unix-socket forwarder, so that a host in a network namespace reaches PostgreSQL.
 
-    python -m bench.torture_proxy ADDRESS PORT SOCKET_PATH
+    python -m bench.torture.torture_proxy ADDRESS PORT SOCKET_PATH
 
-bench/torture.py runs it in the database host's namespace (tests/netns.py), listening on
+bench/torture/torture.py runs it in the database host's namespace (tests/netns.py), listening on
 the veth address that the partitioned worker host connects to, and forwarding each
 connection to the server's Unix socket (file-system sockets are not namespaced). Cutting
 the veth then partitions that host alone, while the server and every other supervisor,

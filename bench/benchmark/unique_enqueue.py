@@ -1,6 +1,7 @@
 """Enqueue rate of unique tasks against ordinary ones, side by side in one process.
 
-    JOBSTATE_TEST_DB=sqlite|postgres JOBSTATE_TEST_DB_NAME=... python bench/unique_enqueue.py [N]
+    JOBSTATE_TEST_DB=sqlite|postgres JOBSTATE_TEST_DB_NAME=... \\
+        python bench/benchmark/unique_enqueue.py [N]
 
 Runs against a scratch database that tests.settings names (it must be migrated: the
 script runs migrate). Rounds alternate between the kinds so that a noisy machine hurts
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 import django

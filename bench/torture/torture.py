@@ -2,18 +2,20 @@
 """The torture run: real workers, forced crashes, and a count of what was lost or run twice.
 
     eval "$(scripts/pg start)"     # PostgreSQL: PG* variables and JOBSTATE_PG_CTL
-    python bench/torture.py --db postgres --jobs 5000 --supervisors 3 --concurrency 3 \\
+    python bench/torture/torture.py --db postgres --jobs 5000 --supervisors 3 --concurrency 3 \\
         --duration 180 [--seed N]
-    python bench/torture.py --db sqlite --jobs 1500 --supervisors 2 --concurrency 2 --duration 90
+    python bench/torture/torture.py --db sqlite --jobs 1500 --supervisors 2 --concurrency 2 \\
+        --duration 90
     eval "$(scripts/pg stop)"
     eval "$(scripts/mysql start)"  # MariaDB: JOBSTATE_MYSQL_* and JOBSTATE_MYSQL_CTL
-    python bench/torture.py --db mysql --jobs 3000 --supervisors 3 --concurrency 2 --duration 120
+    python bench/torture/torture.py --db mysql --jobs 3000 --supervisors 3 --concurrency 2 \\
+        --duration 120
 
 It creates its own database (PostgreSQL or MariaDB: a new database on the PG* or
 JOBSTATE_MYSQL_* server, dropped at the end; SQLite: a temporary file), enqueues --jobs
-tasks (bench/torture_tasks.py) due over the first 90% of the faults, and starts
+tasks (bench/torture/torture_tasks.py) due over the first 90% of the faults, and starts
 --supervisors `manage.py runjobs --concurrency C` processes (settings:
-bench/torture_settings.py; heartbeat 0.5 s, lost after 4 s, every attempt with a timeout:
+bench/torture/torture_settings.py; heartbeat 0.5 s, lost after 4 s, every attempt with a timeout:
 JOBSTATE_DEFAULT_TIMEOUT 12 s). They all get the same --worker-id,
 and on PostgreSQL and MariaDB their clocks are skewed in turn by -/+/0 --skew seconds
 (tests/clock_skew; SQLite uses the writing process's clock by design). For
@@ -32,16 +34,16 @@ and on PostgreSQL and MariaDB their clocks are skewed in turn by -/+/0 --skew se
   then: each side must reconnect, as after a server restart, and lose no attempt;
 - on PostgreSQL and MariaDB, as root, runs one more supervisor on a worker host of its own
   (a network namespace reaching the server over a veth, tests/netns.py, through
-  bench/torture_proxy.py)
+  bench/torture/torture_proxy.py)
   and cuts that link for longer than the window, then restores it: its attempts are
   rescued by the others, its late outcomes refused. Not root: skipped, with a note.
-- runs the workloads of bench/torture_workloads.py, each drawn from the seed and
+- runs the workloads of bench/torture/torture_workloads.py, each drawn from the seed and
   switched off by its own --no-... flag: cancels at random moments, a schedule ticking
   every second, unique tasks enqueued while the workers drain, mixed batches (fast jobs
   and a slow one, its worker sometimes killed), rows locked by another connection, and
   the job table locked while attempts with a 1 s timeout run (one of the faults that
   take the database away). Their checks, and why each is sound, are in
-  bench/torture_check_workloads.py.
+  bench/torture/torture_check_workloads.py.
 Those that take the database or the network away run one at a time, apart from each
 other. Then, with no fault left, it waits until every logical task is terminal (bound: the
 lost-after window plus --drain-margin), stops the supervisors, prints a table of figures
@@ -131,13 +133,14 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
-if __package__ in (None, ""):  # run as a script: import bench.*, not bench/bench.py
-    sys.path[0] = str(Path(__file__).resolve().parent.parent)
+if __package__ in (None, ""):  # run as a script: import bench.*, not bench/benchmark/bench.py
+    sys.path[0] = str(Path(__file__).resolve().parents[2])
 
-from bench import torture_workloads as workloads
+from bench.common import mysql_admin
+from bench.torture import torture_workloads as workloads
 
-ROOT = Path(__file__).resolve().parent.parent
-SETTINGS = "bench.torture_settings"
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = "bench.torture.torture_settings"
 WINDOW_EXTRA = 2.0  # a long pause, an outage, a cut or a held interpreter: LOST_AFTER + this
 SHORT_PAUSE = 1.0
 UGLY_FAIL_RATE = 0.75  # planned failures per attempt of the tasks with unstorable errors
@@ -323,7 +326,7 @@ class Database:
 
 class Partition:
     """A worker host of its own: a network namespace reaching the server over a veth pair,
-    through a forwarder in the database host's namespace (bench/torture_proxy.py)."""
+    through a forwarder in the database host's namespace (bench/torture/torture_proxy.py)."""
 
     def __init__(self, run_dir: Path, vendor: str) -> None:
         from tests import netns
@@ -343,7 +346,7 @@ class Partition:
                 db.exec_args(
                     sys.executable,
                     "-m",
-                    "bench.torture_proxy",
+                    "bench.torture.torture_proxy",
                     self.link.db_address,
                     port,
                     str(socket_path),
@@ -385,7 +388,7 @@ class Torture(workloads.Workloads):
         self.rng = random.Random(options.seed)
         self.supervisors: list[Supervisor] = []
         self.paused: dict[int, tuple[float, Any]] = {}  # pid -> (monotonic resume time, Pause)
-        from bench.torture_check import Faults
+        from bench.torture.torture_check import Faults
 
         self.faults = Faults()
         self.offset = 0.0  # database clock minus this process's clock, in seconds
@@ -449,7 +452,7 @@ class Torture(workloads.Workloads):
         from django.db import transaction
         from django.utils import timezone
 
-        from bench import torture_tasks as tt
+        from bench.torture import torture_tasks as tt
 
         o, rng = self.options, self.rng
         held = self.lost_after + WINDOW_EXTRA
@@ -780,7 +783,7 @@ class Torture(workloads.Workloads):
         return self.retrying(lambda: list(jobs.values_list("pk", flat=True)))
 
     def kill_worker(self) -> bool:
-        from bench.torture_check import Kill
+        from bench.torture.torture_check import Kill
 
         picked = self.pick_worker()
         if picked is None:
@@ -794,7 +797,7 @@ class Torture(workloads.Workloads):
         return True
 
     def kill_supervisor(self) -> None:
-        from bench.torture_check import Kill
+        from bench.torture.torture_check import Kill
 
         self.learn()
         live = [s for s in self.live_supervisors(here=True) if s.prefix]
@@ -829,7 +832,7 @@ class Torture(workloads.Workloads):
         return self.pause(long=False)
 
     def pause(self, *, long: bool) -> bool:
-        from bench.torture_check import Pause
+        from bench.torture.torture_check import Pause
 
         seconds = self.lost_after + WINDOW_EXTRA if long else SHORT_PAUSE
         picked = self.pick_worker(deadline_within=seconds if long else None)
@@ -870,7 +873,7 @@ class Torture(workloads.Workloads):
         """MariaDB: KILL CONNECTION of a few of the run database's connections that are not
         this process's own (the supervisors', their workers', the partitioned host's), as a
         proxy's idle timeout or a DBA would: each side must reconnect and lose nothing."""
-        from bench.torture_check import ConnectionKill
+        from bench.torture.torture_check import ConnectionKill
 
         def query() -> list[int]:
             with mysql_admin() as cursor:
@@ -907,7 +910,7 @@ class Torture(workloads.Workloads):
         """Take the database away for longer than the lost-after window."""
         from django.db import connection
 
-        from bench.torture_check import Outage
+        from bench.torture.torture_check import Outage
 
         seconds = self.lost_after + WINDOW_EXTRA
         at = self.db_now()
@@ -929,7 +932,7 @@ class Torture(workloads.Workloads):
 
         Once its workers run an attempt (False until then, for up to CUT_WAIT seconds).
         """
-        from bench.torture_check import Cut
+        from bench.torture.torture_check import Cut
         from django_jobstate.models import Job
 
         assert self.partition is not None
@@ -978,7 +981,7 @@ class Torture(workloads.Workloads):
 
     def drain(self) -> tuple[float, float]:
         """Wait, with no fault left, until every logical task is terminal; return (took, bound)."""
-        from bench.torture_workloads import TICK_SCHEDULE
+        from bench.torture.torture_workloads import TICK_SCHEDULE
         from django_jobstate.models import Job
         from django_jobstate.schedules.model import Schedule
 
@@ -1078,29 +1081,11 @@ def server_ctl(vendor: str, action: str) -> None:
     subprocess.run(command, check=True, capture_output=True, timeout=120)
 
 
-@contextlib.contextmanager
-def mysql_admin() -> Any:
-    """A cursor in autocommit on the JOBSTATE_MYSQL_* server, no database selected."""
-    import MySQLdb
-
-    conn = MySQLdb.connect(
-        host=os.environ.get("JOBSTATE_MYSQL_HOST", "127.0.0.1"),
-        port=int(os.environ.get("JOBSTATE_MYSQL_PORT", "3306")),
-        user=os.environ.get("JOBSTATE_MYSQL_USER", "jobstate"),
-        password=os.environ.get("JOBSTATE_MYSQL_PASSWORD", ""),
-    )
-    conn.autocommit(True)
-    try:
-        yield conn.cursor()
-    finally:
-        conn.close()
-
-
 def command_line(argv: list[str], seed: int) -> str:
     args = list(argv)
     if "--seed" not in args and not any(a.startswith("--seed=") for a in args):
         args += ["--seed", str(seed)]
-    return shlex.join(["python", "bench/torture.py", *args])
+    return shlex.join(["python", "bench/torture/torture.py", *args])
 
 
 def print_report(header: list[str], figures: dict[str, Any]) -> None:
@@ -1142,7 +1127,7 @@ def main(argv: list[str] | None = None) -> int:
     import django
 
     django.setup()
-    from bench.torture_check import Figure, check
+    from bench.torture.torture_check import Figure, check
 
     torture = Torture(options, run_dir)
     torture.database_name = database.name

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from bench.bench_run import System
+from bench.benchmark.bench_run import System
 
 PEER_FIGURES = frozenset({"drain", "enqueue", "latency", "io"})
 # Async tasks in flight per Procrastinate worker process (its --concurrency; its default
@@ -33,7 +33,7 @@ class CelerySystem(System):
                 "-m",
                 "celery",
                 "-A",
-                "bench.peer_celery",
+                "bench.benchmark.peer_celery",
                 "worker",
                 "--pool",
                 "prefork",
@@ -52,7 +52,7 @@ class CelerySystem(System):
         ]
 
     def job_pids(self, procs: list[Any]) -> list[int]:
-        from bench.bench_run import children
+        from bench.benchmark.bench_run import children
 
         return [pid for p in procs for pid in children(p.pid)]
 
@@ -67,7 +67,7 @@ class ProcrastinateSystem(System):
                 self.python,
                 "-m",
                 "procrastinate",
-                "--app=bench.peer_procrastinate.app",
+                "--app=bench.benchmark.peer_procrastinate.app",
                 "worker",
                 "--concurrency",
                 str(PROCRASTINATE_CONCURRENCY),
@@ -95,7 +95,7 @@ def peer_systems() -> list[System]:
                     "Celery" + (" acks_late" if late == "1" else ""),
                     "",
                     python=celery,
-                    helper_module="bench.peer_celery",
+                    helper_module="bench.benchmark.peer_celery",
                     env=(("BENCH_CELERY_ACKS_LATE", late),),
                     burst=False,
                     database=False,
@@ -110,7 +110,7 @@ def peer_systems() -> list[System]:
                 "Procrastinate",
                 "",
                 python=procrastinate,
-                helper_module="bench.peer_procrastinate",
+                helper_module="bench.benchmark.peer_procrastinate",
                 figures=PEER_FIGURES,
             )
         )

@@ -9,7 +9,7 @@ import subprocess
 import time
 from typing import Any
 
-from bench.bench_run import ROOT, Database, System, Workers, helper, pg_admin
+from bench.benchmark.bench_run import ROOT, Database, System, Workers, helper, pg_admin
 
 # The task each system's I/O-bound drain runs: sync `time.sleep` for the Django runners
 # and Celery's prefork pool, `asyncio.sleep` for Procrastinate's async workers.

@@ -1,6 +1,6 @@
 """The retention prune on a large table, with and without its index on finished_at.
 
-    JOBSTATE_TEST_DB=postgres JOBSTATE_TEST_DB_NAME=... python bench/prune_index.py [N]
+    JOBSTATE_TEST_DB=postgres JOBSTATE_TEST_DB_NAME=... python bench/benchmark/prune_index.py [N]
 
 Runs against a scratch PostgreSQL database that tests.settings names (migrated by the
 script; its jobs are deleted). Writes N finished jobs (default 1,000,000) with one
@@ -18,7 +18,7 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "tests.settings")
 
 import django

@@ -29,7 +29,7 @@ def peer_lines(peers: dict[str, Any]) -> list[str]:
         )
     proc = peers.get("procrastinate")
     if proc:
-        from bench.bench_peers import PROCRASTINATE_CONCURRENCY
+        from bench.benchmark.bench_peers import PROCRASTINATE_CONCURRENCY
 
         out.append(
             f"Procrastinate {proc['procrastinate']} (psycopg {proc['psycopg']}) on the same "
