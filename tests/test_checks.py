@@ -14,10 +14,11 @@ from django.test import override_settings
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.checks import NUMBERS
 from django_jobstate.conf import Settings
+from tests.framework import IMMEDIATE_BACKEND, IMPORT_TASK
 
 pytestmark = pytest.mark.django_db
 
-IMMEDIATE = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+IMMEDIATE = {"default": {"BACKEND": IMMEDIATE_BACKEND}}
 
 
 class CustomBackend(JobStateBackend):
@@ -237,7 +238,7 @@ def test_sqlite_with_naive_local_times_is_refused(use_tz, time_zone, refused_on_
 
 
 def test_an_imported_task_that_workers_would_refuse_is_reported(make_module):
-    name = make_module("jobs", "from django.tasks import task\n@task\ndef job() -> None: ...\n")
+    name = make_module("jobs", IMPORT_TASK + "@task\ndef job() -> None: ...\n")
     __import__(name)  # as the project's views would
     found = messages()
     listed = ids(JOBSTATE_TASK_MODULES=[name])

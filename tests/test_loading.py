@@ -12,8 +12,9 @@ from django_jobstate.states import State
 from django_jobstate.tasksapi import InvalidTask
 from django_jobstate.worker import Worker
 from tests import tasks
+from tests.framework import IMPORT_TASK
 
-TASK_SOURCE = "from django.tasks import task\n@task\ndef job() -> str:\n    return 'ran'\n"
+TASK_SOURCE = IMPORT_TASK + "@task\ndef job() -> str:\n    return 'ran'\n"
 
 
 def test_every_installed_apps_tasks_module_is_a_task_module():
