@@ -7,6 +7,7 @@ pair tests what it has (Django 5.2 + backport, 6.0 + backport, 6.1 with and with
 import importlib
 import importlib.util
 import logging
+import pickle
 import subprocess
 import sys
 import time
@@ -144,3 +145,12 @@ def test_on_django_6_0_its_own_decorator_builds_our_task_but_refuses_options():
     assert isinstance(task(tasks.record.func), JobStateTask)
     with pytest.raises(TypeError, match="max_attempts"):
         task(max_attempts=3)(tasks.record.func)
+
+
+@pytest.mark.django_db
+def test_a_task_and_its_result_pickle_on_every_pair():
+    # Django 6.1's Task pickles; the backport's did not (PicklingError), so ours does itself.
+    assert pickle.loads(pickle.dumps(tasks.with_options)) == tasks.with_options
+    result = tasks.record.enqueue("pickled")
+
+    assert pickle.loads(pickle.dumps(result)) == result
