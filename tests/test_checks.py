@@ -1,5 +1,7 @@
 """System checks: each id fires for its bad setting, none for good ones, and none crash."""
 
+import sys
+import types
 from dataclasses import fields
 from decimal import Decimal
 
@@ -10,6 +12,7 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection
 from django.test import override_settings
+from django.utils.functional import SimpleLazyObject
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.checks import NUMBERS
@@ -253,3 +256,16 @@ def test_an_imported_task_that_workers_would_refuse_is_reported(make_module):
         )
     ]
     assert listed == []
+
+
+def test_a_lazy_object_in_an_imported_module_is_never_set_up(monkeypatch):
+    # The backport's django_stubs_ext imports django.contrib.admin in every project: its
+    # `site` raises LookupError when set up without the admin app. W004 reads every module.
+    def never_set_up():
+        raise LookupError("No installed app with label 'admin'.")
+
+    module = types.ModuleType("jobstate_lazy_site")
+    module.site = SimpleLazyObject(never_set_up)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    assert messages() == []
