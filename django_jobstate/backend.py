@@ -26,6 +26,7 @@ from .tasksapi import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    reported_by_the_backport,
     send,
     task_enqueued,
 )
@@ -208,7 +209,7 @@ class JobStateBackend(BaseTaskBackend):
         JobQueue.objects.resume(name, by=by or "code")
 
     def check(self, **kwargs: Any) -> list[CheckMessage]:
-        if apps.is_installed("django_jobstate"):
+        if apps.is_installed("django_jobstate") or reported_by_the_backport(self):
             return []
         return [
             Error(

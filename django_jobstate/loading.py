@@ -24,7 +24,9 @@ bare traceback.
 import functools
 import sys
 import types
+from collections.abc import Callable, Mapping
 from importlib import import_module
+from typing import Any, TypeGuard
 
 from django.apps import apps
 from django.utils.module_loading import module_has_submodule
@@ -38,6 +40,13 @@ def how_to_allow(module_name: str) -> str:
         f"define the task in an installed app's `tasks` module (or import it there), or "
         f"add {module_name!r} to the JOBSTATE_TASK_MODULES setting"
     )
+
+
+def is_task(obj: object) -> TypeGuard[Task]:
+    """isinstance(obj, Task), without asking `obj`: a lazy object answers isinstance() by
+    setting itself up, which runs code and may raise (django.contrib.admin's `site` without
+    the admin app: the backport's django_stubs_ext imports that module in every project)."""
+    return issubclass(type(obj), Task)
 
 
 def task_modules() -> frozenset[str]:
@@ -68,23 +77,47 @@ def _discover(listed: tuple[str, ...]) -> tuple[frozenset[str], tuple[tuple[str,
     return frozenset(names), tuple(failed)
 
 
-def exposed_task(path: str) -> Task | None:
-    """The Task whose own path is `path`, found in a project task module's namespace.
+def exposed_task(path: str, func: Callable[..., Any] | None = None) -> Task | None:
+    """The Task whose own path is `path` (and, given `func`, of that function), found in a
+    project task module's namespace.
 
     Reads only modules already imported (the task modules and their imported
     submodules): nothing is imported on the path's behalf.
     """
-    return exposed_tasks().get(path)
+    for fresh in (False, True):
+        if fresh:  # a name rebound in place (a reload) keeps the key: never refuse on it
+            _exposed_in.cache_clear()
+        found = exposed_tasks().get(path)
+        if found is not None and (func is None or found.func is func):
+            return found
+    return None
 
 
-def exposed_tasks() -> dict[str, Task]:
-    """Every Task the project's task modules define or expose, by its own path."""
-    return {
-        obj.module_path: obj
-        for module in _imported_task_modules()
-        for obj in list(getattr(module, "__dict__", {}).values())
-        if isinstance(obj, Task)
-    }
+def exposed_tasks() -> Mapping[str, Task]:
+    """Every Task the project's task modules define or expose, by its own path.
+
+    Built again only when the imported task modules change: enqueue() of an exposed task
+    and a worker's load ask for it each time, and reading every task module's namespace
+    costs more than the enqueue's own work. The key holds each module and the size of its
+    namespace: a module imported since (a `tasks/` package's submodule), re-imported, or
+    that grew (it was still being imported) makes a new map.
+    """
+    modules = tuple(_imported_task_modules())
+    return _exposed_in(modules, tuple(len(getattr(m, "__dict__", ())) for m in modules))
+
+
+@functools.lru_cache(maxsize=1)
+def _exposed_in(
+    modules: tuple[types.ModuleType, ...], sizes: tuple[int, ...]
+) -> Mapping[str, Task]:
+    return types.MappingProxyType(
+        {
+            obj.module_path: obj
+            for module in modules
+            for obj in list(getattr(module, "__dict__", {}).values())
+            if is_task(obj)
+        }
+    )
 
 
 def _imported_task_modules() -> list[types.ModuleType]:
@@ -133,7 +166,7 @@ def load_task(path: str) -> Task:
         raise InvalidTask(
             f"Cannot import the task {path!r}: module {module_name!r} has no {name!r}."
         )
-    if not isinstance(obj, Task):
+    if not is_task(obj):
         raise InvalidTask(
             f"{path!r} is a {type(obj).__name__}, not a Task: only functions decorated "
             f"with @task can be run."
@@ -145,8 +178,7 @@ def check_loadable(task: Task) -> None:
     """Raise InvalidTask unless a worker would find `task` by its path."""
     module_name = task.module_path.rpartition(".")[0]
     if not is_task_module(module_name):
-        exposed = exposed_task(task.module_path)
-        if exposed is not None and exposed.func is task.func:
+        if exposed_task(task.module_path, task.func) is not None:
             return  # a third-party app's task, imported by a task module
         raise InvalidTask(
             f"A worker would refuse the task {task.module_path!r}: its module "

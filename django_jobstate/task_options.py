@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields, replace
 from numbers import Real
 from typing import Any, cast
 
+from django.utils.module_loading import import_string
+
 from .conf import LIMIT_NAMES, YEAR, get_settings
 from .exceptions import InvalidPayload
 from .tasksapi import BaseTaskBackend, InvalidTask, Task
@@ -64,6 +66,24 @@ class JobStateTask(Task):
         if isinstance(self.unique, list):  # hashable, as the rest of a Task
             object.__setattr__(self, "unique", tuple(self.unique))
         Task.__post_init__(self)
+
+    if not hasattr(Task, "_reconstruct"):  # pragma: no cover - the backport pairs run this
+        # Django 6.1's Task pickles by the module path of its function; the backport's does
+        # not pickle at all (its function is not the module's attribute: the Task is).
+        # Ours pickles on every supported version, as a TaskResult in a cache needs.
+        @classmethod
+        def _reconstruct(cls, kwargs: dict[str, Any]) -> JobStateTask:
+            path = kwargs["func"]
+            try:
+                kwargs["func"] = import_string(path).func
+            except (ImportError, AttributeError) as exc:
+                raise ValueError(f"Expected {path!r} to point to a Task instance.") from exc
+            return cls(**kwargs)
+
+        def __reduce__(self) -> tuple[Any, ...]:
+            kwargs = {f.name: getattr(self, f.name) for f in fields(self)}
+            kwargs["func"] = self.module_path
+            return (type(self)._reconstruct, (kwargs,))
 
     def using(
         self,

@@ -11,6 +11,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 import django
+from django.core.checks.registry import registry
 from django.core.exceptions import ImproperlyConfigured
 from django.dispatch import Signal
 
@@ -96,6 +97,7 @@ __all__ = [
     "TaskResultStatus",
     "default_task_backend",
     "normalize_json",
+    "reported_by_the_backport",
     "send",
     "task",
     "task_backends",
@@ -121,3 +123,23 @@ def send(signal: Signal, sender: type, **kwargs: Any) -> list[tuple[Any, Any]]:
     if other is not signal:  # never twice to the same receivers
         responses += other.send(sender, **kwargs)
     return responses
+
+
+def reported_by_the_backport(backend: BaseTaskBackend) -> bool:
+    """Whether `backend` is django.tasks' instance of an alias that the backport's check of
+    TASKS reports too: then this one stays quiet, so that `manage.py check` lists each error
+    once (Django 6.1 with the django_tasks app; 6.0 where something imported django.tasks).
+
+    Each framework checks every alias with an instance of its own. The backport's app
+    registers its check at start-up, so it runs in every pass; Django's runs only if
+    django.tasks was imported before the pass began (importing our backend, during the
+    backport's check, is too late). So the backport's instance is the one that reports.
+    """
+    backport_checks = sys.modules.get("django_tasks.checks")
+    django_tasks = sys.modules.get("django.tasks")
+    if backport_checks is None or django_tasks is None:
+        return False
+    if backport_checks.check_tasks not in registry.get_checks():
+        return False
+    held = django_tasks.task_backends.all(initialized_only=True)
+    return any(instance is backend for instance in held)

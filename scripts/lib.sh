@@ -49,12 +49,20 @@ _python_is() {
     [[ $("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null) == "$2" ]]
 }
 
-# find_python [X.Y]: print the path of a Python >= 3.12 (Django 6 needs it), or
-# with X.Y, of a Python X.Y (a pair of the test matrix), found the same ways.
+# The Python versions django-jobstate supports (pyproject's classifiers, the README's
+# Requirements), preferred first: find_python picks the newest of these it finds.
+JOBSTATE_SUPPORTED_PYTHONS=(3.13 3.12)
+
+# find_python [X.Y]: print the path of a Python for .venv: the newest supported one found
+# (JOBSTATE_SUPPORTED_PYTHONS), else, with a warning, any newer Python >= 3.12 (Django 6
+# needs 3.12); JOBSTATE_PYTHON, when set, as asked. With X.Y, of a Python X.Y (a pair of
+# the test matrix), found the same ways.
 find_python() {
-    local want=${1:-} p name root seen=$'\n' found="" tried=""
-    local -a candidates=() names=(python3.14 python3.13 python3.12 python3)
+    local want=${1:-} p v name root seen=$'\n' found="" tried="" supported
+    local -a candidates=() versions=() names=(python3.13 python3.12 python3.14 python3)
     if [[ -n $want ]]; then names=("python$want" "${names[@]}"); fi
+    supported=${JOBSTATE_SUPPORTED_PYTHONS[*]}
+    supported=${supported// /, }
 
     if [[ -n ${JOBSTATE_PYTHON:-} ]]; then
         candidates+=("$JOBSTATE_PYTHON")
@@ -81,19 +89,54 @@ find_python() {
         [[ $p =~ /python3(\.[0-9]+)?$ ]] && candidates+=("$p")
     done < <(compgen -G '/usr/bin/python3*' | _sort_versions_desc)
 
+    # Each candidate once, with its X.Y ("" when it does not run).
+    local -a unique=()
     for p in ${candidates[@]+"${candidates[@]}"}; do
         case $seen in *$'\n'"$p"$'\n'*) continue ;; esac
         seen+="$p"$'\n'
-        if [[ -n $want ]]; then
-            if _python_is "$p" "$want"; then found=$p && break; fi
-        elif _python_ok "$p"; then
-            found=$p
-            break
+        unique+=("$p")
+        versions+=("$("$p" -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)")
+    done
+
+    local i
+    if [[ -n $want ]]; then
+        for ((i = 0; i < ${#unique[@]}; i++)); do
+            if [[ ${versions[i]} == "$want" ]]; then found=${unique[i]} && break; fi
+        done
+    else
+        if [[ -n ${JOBSTATE_PYTHON:-} ]]; then
+            if _python_ok "$JOBSTATE_PYTHON"; then
+                found=$JOBSTATE_PYTHON
+                v=$(_python_version "$found")
+                if [[ " ${JOBSTATE_SUPPORTED_PYTHONS[*]} " != *" ${v%.*} "* ]]; then
+                    _log "warning: JOBSTATE_PYTHON=$found is Python $v, which django-jobstate" \
+                        "is not tested on (supported: $supported); using it, as asked."
+                fi
+            else
+                _log "warning: JOBSTATE_PYTHON=$JOBSTATE_PYTHON is not Python >= 3.12;" \
+                    "looking elsewhere."
+            fi
         fi
-        tried+="    $p ($(_python_version "$p"))"$'\n'
-        if [[ -z $want && $p == "${JOBSTATE_PYTHON:-}" ]]; then
-            _log "warning: JOBSTATE_PYTHON=$p is not Python >= 3.12; looking elsewhere."
+        for v in "${JOBSTATE_SUPPORTED_PYTHONS[@]}"; do
+            [[ -z $found ]] || break
+            for ((i = 0; i < ${#unique[@]}; i++)); do
+                if [[ ${versions[i]} == "$v" ]]; then found=${unique[i]} && break; fi
+            done
+        done
+        if [[ -z $found ]]; then # only newer ones (3.14): better than none, but say so
+            for ((i = 0; i < ${#unique[@]}; i++)); do
+                if [[ -n ${versions[i]} ]] && _python_ok "${unique[i]}"; then
+                    found=${unique[i]}
+                    _log "warning: no supported Python found ($supported); using $found" \
+                        "(Python ${versions[i]}), which django-jobstate is not tested on." \
+                        "Install 3.13 (e.g. \`pyenv install 3.13\`) or set JOBSTATE_PYTHON."
+                    break
+                fi
+            done
         fi
+    fi
+    for ((i = 0; i < ${#unique[@]}; i++)); do
+        tried+="    ${unique[i]} (${versions[i]:-not runnable})"$'\n'
     done
 
     if [[ -n $found ]]; then
@@ -109,13 +152,13 @@ find_python() {
             echo "Install it (e.g. \`pyenv install $want\`, \`apt-get install python$want\`)."
             return 1
         fi
-        echo "django-jobstate needs Python 3.12 or newer (Django 6 requires it)."
+        echo "django-jobstate supports Python $supported (Django 6 needs 3.12 or newer)."
         echo "Found none: tried"
         if [[ -n $tried ]]; then printf '%s' "$tried"; else echo "    (no python found at all)"; fi
-        echo "  (looked for \$JOBSTATE_PYTHON, python3.14 python3.13 python3.12 python3 on PATH,"
+        echo "  (looked for \$JOBSTATE_PYTHON, ${names[*]} on PATH,"
         echo "   pyenv versions 3.12+ under ${roots[*]}, and /usr/bin/python3*)"
-        echo "Install one (e.g. \`pyenv install 3.12\`, \`apt-get install python3.12\`)" \
-            "or set JOBSTATE_PYTHON=/path/to/python3.12."
+        echo "Install one (e.g. \`pyenv install 3.13\`, \`apt-get install python3.13\`)" \
+            "or set JOBSTATE_PYTHON=/path/to/python3.13."
     } >&2
     return 1
 }

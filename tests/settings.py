@@ -111,8 +111,18 @@ globals().update(json.loads(os.environ.get("JOBSTATE_TEST_SETTINGS", "{}")))
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
-    "loggers": {"django_jobstate": {"handlers": ["console"], "level": "INFO"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler"},
+        "null": {"class": "logging.NullHandler"},
+    },
+    "loggers": {
+        "django_jobstate": {"handlers": ["console"], "level": "INFO"},
+        # The backport's logger (Django 5.2, 6.0), handled as Django's default logging
+        # handles django.tasks (under "django": printed only with DEBUG, still propagated).
+        # With no handler at all, its failure lines would reach Python's last-resort
+        # handler: plain text among a worker's JSON lines.
+        "django_tasks": {"handlers": ["null"]},
+    },
 }
 if os.environ.get("JOBSTATE_TEST_JSON_LOGS"):  # a worker subprocess logging JSON lines
     LOGGING["formatters"] = {"json": {"()": "django_jobstate.logs.JsonFormatter"}}

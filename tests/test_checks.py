@@ -1,5 +1,7 @@
 """System checks: each id fires for its bad setting, none for good ones, and none crash."""
 
+import sys
+import types
 from dataclasses import fields
 from decimal import Decimal
 
@@ -10,14 +12,16 @@ from django.core.management import call_command
 from django.core.management.base import SystemCheckError
 from django.db import connection
 from django.test import override_settings
+from django.utils.functional import SimpleLazyObject
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.checks.settings import NUMBERS
 from django_jobstate.conf import Settings
+from tests.framework import IMMEDIATE_BACKEND, IMPORT_TASK
 
 pytestmark = pytest.mark.django_db
 
-IMMEDIATE = {"default": {"BACKEND": "django.tasks.backends.immediate.ImmediateBackend"}}
+IMMEDIATE = {"default": {"BACKEND": IMMEDIATE_BACKEND}}
 
 
 class CustomBackend(JobStateBackend):
@@ -240,7 +244,7 @@ def test_naive_local_times_are_refused_where_the_database_has_no_time_zone(
 
 
 def test_an_imported_task_that_workers_would_refuse_is_reported(make_module):
-    name = make_module("jobs", "from django.tasks import task\n@task\ndef job() -> None: ...\n")
+    name = make_module("jobs", IMPORT_TASK + "@task\ndef job() -> None: ...\n")
     __import__(name)  # as the project's views would
     found = messages()
     listed = ids(JOBSTATE_TASK_MODULES=[name])
@@ -255,3 +259,16 @@ def test_an_imported_task_that_workers_would_refuse_is_reported(make_module):
         )
     ]
     assert listed == []
+
+
+def test_a_lazy_object_in_an_imported_module_is_never_set_up(monkeypatch):
+    # The backport's django_stubs_ext imports django.contrib.admin in every project: its
+    # `site` raises LookupError when set up without the admin app. W004 reads every module.
+    def never_set_up():
+        raise LookupError("No installed app with label 'admin'.")
+
+    module = types.ModuleType("jobstate_lazy_site")
+    module.site = SimpleLazyObject(never_set_up)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+
+    assert messages() == []

@@ -34,7 +34,9 @@ from pathlib import Path
 
 import pytest
 
+from django_jobstate.tasksapi import FRAMEWORK
 from tests.conftest import ROOT
+from tests.framework import IMPORT_TASK
 
 # A block may be indented (inside a list item), its marker with it.
 BLOCK = re.compile(
@@ -128,6 +130,12 @@ def as_settings(code: str) -> str:
     return re.sub(r"\[\.\.\., ", lambda _: "[*INSTALLED_APPS, ", code)
 
 
+def for_this_django(code: str) -> str:
+    """The code as the README has a user of this Django write it: on 5.2 and 6.0 (the
+    backport pairs of the matrix), `from django_tasks import ...` (README, Usage)."""
+    return code.replace("from django.tasks import", f"from {FRAMEWORK} import")
+
+
 def make_project(
     tmp_path: Path, settings: list[str], stubs: list[str], tasks: dict[str, str]
 ) -> None:
@@ -140,18 +148,16 @@ def make_project(
         path = tmp_path / name / "tasks.py"
         path.write_text(path.read_text() + tasks_source if path.exists() else tasks_source)
 
-    package("snippet_project", PROJECT_TASKS)
+    package("snippet_project", for_this_django(PROJECT_TASKS))
     apps = []
     for stub in stubs:
         app, _, name = stub.rpartition(".tasks.")
-        package(
-            app, ("" if app in apps else "from django.tasks import task\n") + STUB.format(name=name)
-        )
+        package(app, ("" if app in apps else IMPORT_TASK) + STUB.format(name=name))
         apps.append(app)
     for app, source in tasks.items():
-        package(app, source)
+        package(app, for_this_django(source))
         apps.append(app)
-    source = BASE.format(db=str(tmp_path / "db.sqlite3")) + "\n".join(settings)
+    source = BASE.format(db=str(tmp_path / "db.sqlite3")) + for_this_django("\n".join(settings))
     source += f"\nINSTALLED_APPS = [*INSTALLED_APPS, *{sorted(set(apps))!r}]\n"
     # A page may name an app the Installation snippet installed already.
     source += "INSTALLED_APPS = list(dict.fromkeys(INSTALLED_APPS))\n"

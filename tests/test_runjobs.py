@@ -19,6 +19,7 @@ from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import FailureReason, State
 from django_jobstate.tasksapi import TaskResultStatus
 from tests import tasks
+from tests.framework import DUMMY_BACKEND
 from tests.models import Execution
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -313,7 +314,7 @@ def test_runjobs_before_migrate_says_so_and_exits_non_zero(runjobs, tmp_path):
 
 def test_runjobs_refuses_to_start_when_no_tasks_alias_uses_this_backend(runjobs):
     tasks.record.enqueue("not for a foreign backend")
-    foreign = {"TASKS": {"default": {"BACKEND": "django.tasks.backends.dummy.DummyBackend"}}}
+    foreign = {"TASKS": {"default": {"BACKEND": DUMMY_BACKEND}}}
 
     # Checks skipped: they would stop it first, as tests.tasks cannot import under that
     # backend (E016: it refuses the task options).

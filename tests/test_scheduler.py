@@ -21,6 +21,7 @@ from django_jobstate.schedules.scheduler import Scheduler, db_now, sync
 from django_jobstate.schedules.settings import load
 from django_jobstate.states import FailureReason, State
 from tests.factories import JobFactory
+from tests.framework import DUMMY_BACKEND
 
 pytestmark = pytest.mark.django_db
 
@@ -392,7 +393,7 @@ def test_the_options_of_another_backend_are_its_own():
     tasks = {
         **TASKS,
         "other": {
-            "BACKEND": "django.tasks.backends.dummy.DummyBackend",
+            "BACKEND": DUMMY_BACKEND,
             "OPTIONS": {"SCHEDULE": {}},
         },
     }

@@ -7,6 +7,8 @@ pair tests what it has (Django 5.2 + backport, 6.0 + backport, 6.1 with and with
 import importlib
 import importlib.util
 import logging
+import os
+import pickle
 import subprocess
 import sys
 import time
@@ -144,3 +146,51 @@ def test_on_django_6_0_its_own_decorator_builds_our_task_but_refuses_options():
     assert isinstance(task(tasks.record.func), JobStateTask)
     with pytest.raises(TypeError, match="max_attempts"):
         task(max_attempts=3)(tasks.record.func)
+
+
+@pytest.mark.django_db
+def test_a_task_and_its_result_pickle_on_every_pair():
+    # Django 6.1's Task pickles; the backport's did not (PicklingError), so ours does itself.
+    assert pickle.loads(pickle.dumps(tasks.with_options)) == tasks.with_options
+    result = tasks.record.enqueue("pickled")
+
+    assert pickle.loads(pickle.dumps(result)) == result
+
+
+# Both frameworks check TASKS where both are in use, each with a backend instance of its own.
+BOTH_CHECK = {
+    "both_settings.py": (
+        "SECRET_KEY = 'x'\n"
+        "INSTALLED_APPS = ['django.contrib.contenttypes', 'django.contrib.auth', 'django_tasks',"
+        " 'shop']\n"
+        "DATABASES = {'default': {'ENGINE': 'django.db.backends.sqlite3', 'NAME': ':memory:'}}\n"
+        "TASKS = {'default': {'BACKEND': 'django_jobstate.backend.JobStateBackend'}}\n"
+    ),
+    "shop/__init__.py": "",
+    "shop/models.py": "import django.tasks  # before the checks: Django's check runs too\n",
+}
+
+
+@needs_backport
+@pytest.mark.skipif(django.VERSION < (6, 0), reason="Django 5.2 has no django.tasks to check")
+def test_an_error_of_the_backend_is_listed_once_when_both_frameworks_check(tmp_path):
+    for name, text in BOTH_CHECK.items():
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text(text)
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "both_settings",
+        "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)]),
+    }
+
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "check"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+    assert done.returncode != 0, done.stdout
+    assert done.stderr.count("(django_jobstate.E003)") == 1, done.stderr

@@ -19,6 +19,7 @@ from django_jobstate.tasksapi import TaskResultStatus, task_finished, task_start
 from tests import tasks
 from tests.dbfaults import end_this_connection, ends_the_connection
 from tests.factories import JobFactory
+from tests.framework import INVALID_TASK, LOGGER
 from tests.models import Execution
 from tests.tasks import always_fails, fails_once
 
@@ -155,7 +156,7 @@ def test_a_row_that_is_not_a_task_fails_without_running_anything(task_path, args
 
     job.refresh_from_db()
     assert (job.state, job.failure_reason) == (State.FAILED, FailureReason.ERROR)
-    assert job.error_class == "django.tasks.exceptions.InvalidTask"  # not_a_task's would differ
+    assert job.error_class == INVALID_TASK  # not_a_task's would differ
     assert message in job.error_message
     assert worker.jobs_done == 1
 
@@ -519,7 +520,5 @@ def test_a_failure_is_logged_with_its_class_message_reason_and_traceback(caplog)
     assert "failed (error)" in ours.getMessage()
     assert "builtins.ValueError: why it failed" in ours.getMessage()
     # Django's own line, from task_finished, carries the traceback too (admin e-mails).
-    [django] = [
-        r for r in caplog.records if r.name == "django.tasks" and "FAILED" in r.getMessage()
-    ]
+    [django] = [r for r in caplog.records if r.name == LOGGER and "FAILED" in r.getMessage()]
     assert django.exc_info[0] is ValueError

@@ -11,9 +11,16 @@ from django.apps import apps
 from django.core.checks import CheckMessage, Error, register
 from django.core.checks import Warning as CheckWarning
 
-from ..loading import exposed_task, exposed_tasks, import_errors, is_task_module, load_task
+from ..loading import (
+    exposed_task,
+    exposed_tasks,
+    import_errors,
+    is_task,
+    is_task_module,
+    load_task,
+)
 from ..task_options import SETTABLE, validate_options, with_settings
-from ..tasksapi import InvalidTask, InvalidTaskBackend, Task, task_backends
+from ..tasksapi import InvalidTask, InvalidTaskBackend, task_backends
 from .settings import JOBSTATE_BACKENDS, _raw
 
 
@@ -68,10 +75,10 @@ def _tasks_workers_would_refuse() -> list[CheckMessage]:
     for module_name, module in list(sys.modules.items()):
         for task in list(getattr(module, "__dict__", {}).values()):
             if (
-                not isinstance(task, Task)
+                not is_task(task)
                 or task.func.__module__ != module_name  # imported from elsewhere
                 or is_task_module(module_name)
-                or getattr(exposed_task(task.module_path), "func", None) is task.func
+                or exposed_task(task.module_path, task.func) is not None
             ):
                 continue
             try:

@@ -16,6 +16,12 @@ if TYPE_CHECKING:
     from ..models import Job
 
 
+class Unreadable(str):
+    """A claimed row's value that could not be decoded: the text says why."""
+
+    __slots__ = ()
+
+
 class Claim(MySQLWrites):
     def claim(
         self,
@@ -79,7 +85,36 @@ class Claim(MySQLWrites):
                 RETURNING {columns}
             """
             params = [*picked_params, State.RUNNING, worker_id, *now_params, State.QUEUED]
-            return sorted(self.raw(sql, params, using=db), key=claim_key)
+            with connection.cursor() as cursor:
+                cursor.execute(sql, params)
+                rows = cursor.fetchall()
+        return sorted(self._jobs(connection, db, rows), key=claim_key)
+
+    def _jobs(self, connection: BaseDatabaseWrapper, db: str, rows: list[Any]) -> list[Job]:
+        """The claimed rows as Jobs, as raw() would give them, except that a value this
+        Python cannot decode (JSON nested deeper than its json module reads: 1,500 levels on
+        3.12) is Unreadable instead of a RecursionError: these rows are running already, and
+        one hostile row must not crash the worker and leave its whole batch to be lost. The
+        worker fails that attempt, naming the field (attempts.py)."""
+        fields = self.model._meta.concrete_fields
+        names = [f.attname for f in fields]
+        converters = []
+        for i, f in enumerate(fields):
+            column = f.get_col(self.model._meta.db_table)
+            found = connection.ops.get_db_converters(column) + f.get_db_converters(connection)
+            if found:
+                converters.append((i, column, found))
+        jobs = []
+        for row in rows:
+            values = list(row)
+            for i, column, found in converters:
+                try:
+                    for convert in found:
+                        values[i] = convert(values[i], column, connection)
+                except RecursionError:
+                    values[i] = Unreadable(f"{names[i]} is nested too deeply to decode")
+            jobs.append(self.model.from_db(db, names, values))
+        return jobs
 
     def _heads(
         self,

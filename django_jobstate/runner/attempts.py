@@ -20,6 +20,7 @@ from ..backend import JobStateBackend, load_task, to_task_result
 from ..context import JobStateContext
 from ..exceptions import JobCancelled, JobTimeout
 from ..managers import writing
+from ..managers.claim import Unreadable
 from ..models import Job
 from ..payload import encode_payload
 from ..states import FailureReason
@@ -147,6 +148,9 @@ class AttemptRunner:
 
     def _prepare(self, job: Job) -> tuple[Task, TaskResult]:
         task = self.task_of(job.task_path)  # a path that is not a Task fails: nothing runs
+        unreadable = [v for v in (job.args, job.kwargs, job.metadata) if isinstance(v, Unreadable)]
+        if unreadable:  # written behind the app's back (enqueue refuses such values)
+            raise InvalidTask(f"Job {job.pk} cannot run: {'; '.join(unreadable)}.")
         if not isinstance(job.args, list) or not isinstance(job.kwargs, dict):
             raise InvalidTask(  # a row written behind the app's back: never guess
                 f"Job {job.pk} has args {type(job.args).__name__} and kwargs "
