@@ -58,17 +58,19 @@ def holder() -> Iterator[Any]:
         raw.close()
 
 
-def wait_for_a_lock_wait(timeout: float = 60) -> None:
-    """Wait until a transaction waits for a row lock."""
+def wait_until_waiting(thread_id: int, timeout: float = 60) -> None:
+    """Wait until the server's connection `thread_id` waits for a row lock."""
     deadline = time.monotonic() + timeout
     while True:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'"
+                "SELECT COUNT(*) FROM information_schema.INNODB_TRX "
+                "WHERE trx_state = 'LOCK WAIT' AND trx_mysql_thread_id = %s",
+                [thread_id],
             )
             if cursor.fetchone()[0]:
                 return
-        assert time.monotonic() < deadline, "no transaction waited for a lock"
+        assert time.monotonic() < deadline, "the write never waited for a lock"
         # InnoDB refreshes that table only once 0.1 s passed without a read of it.
         time.sleep(0.25)
 
@@ -111,9 +113,14 @@ def test_a_deadlock_victims_successes_are_written_again(caplog):
     the other client is done, and both attempts succeed, once each."""
     first, second = JobFactory.create_batch(2, running=True, worker_id="w")
     written: list[object] = []
+    connected = threading.Event()
+    thread_id: list[int] = []
 
     def write() -> None:
         try:
+            connection.ensure_connection()
+            thread_id.append(connection.connection.thread_id())
+            connected.set()
             written.append(Job.objects.succeed_many("w", [(first, "one"), (second, "two")]))
         except BaseException as exc:
             written.append(exc)
@@ -129,7 +136,8 @@ def test_a_deadlock_victims_successes_are_written_again(caplog):
         thread = threading.Thread(target=write)
         with caplog.at_level(logging.INFO, logger="django_jobstate"):
             thread.start()
-            wait_for_a_lock_wait()  # it holds `first`, waits for us
+            assert connected.wait(60)
+            wait_until_waiting(thread_id[0])  # it holds `first`, waits for us
             # The deadlock: this waits for `first`, until InnoDB ends the worker's write.
             cursor.execute(
                 "SELECT id FROM django_jobstate_job WHERE id = %s FOR UPDATE", [first.pk]

@@ -49,6 +49,32 @@ def lock_conflict(exc: BaseException) -> str | None:
     return None
 
 
+# MariaDB/MySQL name every server error OperationalError that is not a constraint's
+# (mysqlclient): a trigger's SIGNAL (1644) too, which would refuse the same write again.
+# These server errors can pass; so can the client's own (2000 and up: the server is
+# away, the connection was lost) and errors with no number.
+MYSQL_PASSING = {
+    1040,  # too many connections
+    1053,  # the server is shutting down
+    1152, 1158, 1159, 1160, 1161, 1184,  # a connection aborted, a network error
+    1203, 1226,  # the user's connections or resources are used up
+    1290, 1792, 1836,  # read only (a failover in progress)
+    1317, 1927,  # the query or the connection was killed
+    1969, 3024,  # MariaDB's max_statement_time, MySQL's max_execution_time
+    4031,  # MySQL ended a connection left idle
+    MYSQL_LOCK_WAIT_TIMEOUT,
+    MYSQL_DEADLOCK,
+}  # fmt: skip
+
+
+def mysql_error_passes(exc: OperationalError) -> bool:
+    """Whether an OperationalError can pass, if it is MariaDB's/MySQL's (MYSQL_PASSING)."""
+    if not type(exc.__cause__).__module__.startswith(("MySQLdb", "pymysql")):
+        return True  # another database's: all of its OperationalErrors can pass
+    code = exc.args[0] if exc.args else None
+    return not isinstance(code, int) or code >= 2000 or code in MYSQL_PASSING
+
+
 def in_callers_transaction() -> bool:
     return any(c.in_atomic_block for c in connections.all(initialized_only=True))
 

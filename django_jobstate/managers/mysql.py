@@ -37,6 +37,12 @@ def lock_conflict(exc: BaseException) -> bool:
     """Whether `exc` is InnoDB's lock wait timeout or deadlock (Django keeps the driver's
     error code as its first argument)."""
     return isinstance(exc, OperationalError) and exc.args[:1] in ((LOCK_WAIT_TIMEOUT,), (DEADLOCK,))
+# For a locking read or an UPDATE of rows by id. InnoDB locks (or waits for) every row it
+# reads on the way, matching or not: on a small table the optimizer may read an id list
+# by a full scan, and wait for a row some other transaction holds (an application's
+# select_for_update(), a claim), while the rows it wants are free. Read by the primary
+# key, nothing else is touched.
+BY_ID = "FORCE INDEX (PRIMARY)"
 
 
 class MySQLWrites(Writes):
@@ -104,7 +110,7 @@ class MySQLWrites(Writes):
                 return []
             marks = ", ".join(["%s"] * len(ids))
             cursor.execute(
-                f"UPDATE {table} SET `state` = %s, `worker_id` = %s, `started_at` = {now} "
+                f"UPDATE {table} {BY_ID} SET `state` = %s, `worker_id` = %s, `started_at` = {now} "
                 f"WHERE `id` IN ({marks}) AND `state` = %s",
                 [State.RUNNING, worker_id, *now_params, *ids, State.QUEUED],
             )
@@ -129,7 +135,7 @@ class MySQLWrites(Writes):
         with transaction.atomic(using=db), connection.cursor() as cursor:
             marks = ", ".join(["%s"] * len(values))
             cursor.execute(
-                f"SELECT `id` FROM {table} WHERE `id` IN ({marks}) AND `state` = %s "
+                f"SELECT `id` FROM {table} {BY_ID} WHERE `id` IN ({marks}) AND `state` = %s "
                 f"AND `worker_id` = %s FOR UPDATE",
                 [*values, State.RUNNING, worker_id],
             )
@@ -139,7 +145,7 @@ class MySQLWrites(Writes):
             marks = ", ".join(["%s"] * len(mine))
             cases = " ".join(["WHEN %s THEN %s"] * len(mine))
             cursor.execute(
-                f"UPDATE {table} SET `state` = %s, `finished_at` = {now}, "
+                f"UPDATE {table} {BY_ID} SET `state` = %s, `finished_at` = {now}, "
                 f"`return_value` = CASE `id` {cases} END "
                 f"WHERE `id` IN ({marks}) AND `state` = %s AND `worker_id` = %s",
                 [
