@@ -461,7 +461,11 @@ def test_an_atomic_task_whose_commit_loses_the_database_fails_and_is_retried():
     assert executions() == []
 
 
-@pytest.mark.skipif(connection.vendor != "postgresql", reason="a PostgreSQL session timeout")
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="PostgreSQL's idle_in_transaction_session_timeout, set per transaction (MariaDB's "
+    "idle_write_transaction_timeout is per session; MySQL has none)",
+)
 @pytest.mark.django_db(transaction=True)
 def test_a_writer_silent_inside_its_outcome_write_lets_go_of_the_row(settings, caplog):
     # A host cut off (or dead) after its failure's UPDATE, before its COMMIT: the server

@@ -208,10 +208,9 @@ class MySQLWrites(Writes):
                 locked = holders.select_for_update().values_list("unique_key", "pk")
                 held = {cast(str, key): pk for key, pk in locked}
         written = {uuid.UUID(str(result_id)).hex: pk for pk, result_id, _, _ in returned}
-        times = (template.run_after, template.enqueued_at)
-        if returned:
-            times = returned[0][2:]
+        if not returned:  # every key was held: nothing read back to convert
+            return written, held, (template.run_after, template.enqueued_at)
         meta = self.model._meta
-        run_after = from_db(connection, meta.get_field("run_after"), times[0])
-        enqueued_at = from_db(connection, meta.get_field("enqueued_at"), times[1])
+        run_after = from_db(connection, meta.get_field("run_after"), returned[0][2])
+        enqueued_at = from_db(connection, meta.get_field("enqueued_at"), returned[0][3])
         return written, held, (run_after, enqueued_at)
