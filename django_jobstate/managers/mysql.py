@@ -37,6 +37,8 @@ def lock_conflict(exc: BaseException) -> bool:
     """Whether `exc` is InnoDB's lock wait timeout or deadlock (Django keeps the driver's
     error code as its first argument)."""
     return isinstance(exc, OperationalError) and exc.args[:1] in ((LOCK_WAIT_TIMEOUT,), (DEADLOCK,))
+
+
 # For a locking read or an UPDATE of rows by id. InnoDB locks (or waits for) every row it
 # reads on the way, matching or not: on a small table the optimizer may read an id list
 # by a full scan, and wait for a row some other transaction holds (an application's

@@ -10,6 +10,8 @@ Django writes no collation for these fields (they have no db_collation): a later
 migration that alters one of them on MySQL must put utf8mb4_bin back.
 """
 
+from typing import Any
+
 from django.db import migrations
 
 # column -> its type and the rest of its definition, as 0001-0008 made them.
@@ -20,7 +22,7 @@ COLUMNS = {
 }
 
 
-def modify(schema_editor, collation):
+def modify(schema_editor: Any, collation: str) -> None:
     if schema_editor.connection.vendor != "mysql":
         return
     table = schema_editor.quote_name("django_jobstate_job")
