@@ -9,9 +9,11 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .dbclock import Now
+from .managers.conflicts import retries_conflicts
 
 
 class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
+    @retries_conflicts
     def beat(self, workers: dict[str, int], *, host: str, queues: list[str] | None) -> None:
         """Say that the workers `{worker_id: pid}` are alive now, registering the new ones.
 
@@ -44,10 +46,12 @@ class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
         # Lost workers are judged by the database clock, whatever this process's says.
         self.filter(worker_id__in=workers).update(last_seen=Now())
 
+    @retries_conflicts
     def forget(self, worker_id: str) -> None:
         """Remove a worker that stopped cleanly."""
         self.filter(worker_id=worker_id).delete()
 
+    @retries_conflicts
     def forget_lost(self, lost_after: float) -> None:
         """Remove silent workers that no longer own a running attempt."""
         from .models import Job

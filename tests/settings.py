@@ -86,9 +86,17 @@ elif DB == "mysql":  # MariaDB or MySQL: scripts/mysql (or scripts/test) starts 
             "USER": os.environ.get("JOBSTATE_MYSQL_USER", "jobstate"),
             "PASSWORD": os.environ.get("JOBSTATE_MYSQL_PASSWORD", ""),
             "OPTIONS": {"charset": "utf8mb4"},
-            "TEST": {"CHARSET": "utf8mb4", "COLLATION": "utf8mb4_unicode_ci"},
+            # One test database per run (pid), as SQLite's file: runs may share a server.
+            "TEST": {
+                "NAME": f"test_jobstate_{os.getpid()}",
+                "CHARSET": "utf8mb4",
+                "COLLATION": "utf8mb4_unicode_ci",
+            },
         }
     }
+    # e.g. "repeatable read" (Django's default is "read committed"): tests/test_isolation.py
+    if isolation := os.environ.get("JOBSTATE_TEST_MYSQL_ISOLATION"):
+        DATABASES["default"]["OPTIONS"]["isolation_level"] = isolation
 else:
     raise RuntimeError(f"JOBSTATE_TEST_DB must be 'sqlite', 'postgres' or 'mysql', not {DB!r}")
 

@@ -571,3 +571,32 @@ def runs_until_a_file_exists(path: str, label: str) -> None:
     Execution.objects.create(label=f"{label}:start")
     while not os.path.exists(path):
         time.sleep(0.05)
+
+
+# tests/test_conflicts.py and tests/test_isolation.py
+
+
+@task(takes_context=True)
+def saves_metadata_at_the_gate(context: JobStateContext, gate: str) -> str:
+    """Wait for the file `gate`, then save metadata: a write of the worker's own, made from
+    the task's body."""
+    while not os.path.exists(gate):
+        time.sleep(0.01)
+    context.metadata["saved"] = True
+    context.save_metadata()
+    Execution.objects.create(label="saved")
+    return "saved"
+
+
+@task
+def records_its_isolation(label: str) -> str:
+    """Record `label` (once per run) and return the isolation level of the worker's session."""
+    from django.db import connection
+
+    Execution.objects.create(label=label)
+    with connection.cursor() as cursor:
+        try:  # MySQL 8 and MariaDB 11.1+
+            cursor.execute("SELECT @@SESSION.transaction_isolation")
+        except Exception:  # MariaDB before 11.1
+            cursor.execute("SELECT @@SESSION.tx_isolation")
+        return str(cursor.fetchone()[0])

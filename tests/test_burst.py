@@ -67,7 +67,7 @@ def ran() -> list[str]:
     "options", [[], ["--concurrency", "2"], ["--in-flight", "4"]], ids=["one", "two", "in-flight"]
 )
 def test_a_burst_run_exits_leaving_a_job_another_transaction_locks(runjobs, options):
-    if connection.vendor != "postgresql":
+    if connection.vendor == "sqlite":
         pytest.skip("SQLite has no row locks: see the SQLite test below")
     tasks.record.enqueue("locked")
     locked = Job.objects.get()
@@ -116,7 +116,7 @@ def test_a_job_locked_for_a_moment_is_run_not_left(monkeypatch):
         runner = in_a_thread(worker)
         deadline = time.monotonic() + 60
         # On SQLite the lock is the transaction's: the claim waits instead of passing over.
-        while not worker._burst_end._passed_over and connection.vendor == "postgresql":
+        while not worker._burst_end._passed_over and connection.vendor != "sqlite":
             assert time.monotonic() < deadline, "the worker never passed the row over"
             time.sleep(0.01)
     runner.join(60)
@@ -127,7 +127,7 @@ def test_a_job_locked_for_a_moment_is_run_not_left(monkeypatch):
 
 def test_a_burst_run_waits_for_a_job_due_soon_beside_a_locked_one(monkeypatch):
     """A locked row does not cut short the wait for a job due within BURST_HORIZON."""
-    if connection.vendor != "postgresql":
+    if connection.vendor == "sqlite":
         pytest.skip("SQLite has no row locks")
     monkeypatch.setattr(burst, "LOCKED_GRACE", 0.0)
     tasks.record.enqueue("locked")

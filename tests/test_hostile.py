@@ -129,6 +129,11 @@ def test_deeply_nested_arguments_are_refused_and_write_no_row():
     assert (raised, Job.objects.count()) == ("InvalidPayload", 0)
 
 
+@pytest.mark.skipif(
+    settings.DB == "mysql",
+    reason="MariaDB/MySQL cannot store JSON this deep (MariaDB's JSON_VALID check refuses 32 "
+    "levels, MySQL's JSON type 100): no such row can be written behind the app's back",
+)
 @RUNS_A_WORKER  # it crashed the worker; fixed in a2a569a
 def test_a_row_with_deeply_nested_arguments_fails_without_crashing_the_worker():
     job = JobFactory(args=["placeholder"])
@@ -534,7 +539,7 @@ def clock_ahead(monkeypatch):
 
 
 @pytest.mark.skipif(
-    not POSTGRES,
+    settings.DB == "sqlite",
     reason="SQLite has one clock: the claim compares run_after with this process's clock "
     "(SQLite's own has only milliseconds), so a worker's skew is the machine's.",
 )

@@ -2,13 +2,11 @@
 `runjobs` processes: each attempt runs once, deadlines and cancels stop what they can, a
 stop finishes what is in flight."""
 
-import os
 import signal
-import subprocess
 from datetime import timedelta
 
 import pytest
-from django.db import connection, connections
+from django.db import connections
 from django.utils import timezone
 
 from django_jobstate.exceptions import JobCancelled, JobTimeout
@@ -17,6 +15,7 @@ from django_jobstate.runner.worker import Worker
 from django_jobstate.states import FailureReason, State
 from django_jobstate.tasksapi import TaskResultStatus
 from tests import tasks
+from tests.dbfaults import NO_SERVER_CTL, no_server_ctl, server_ctl
 from tests.factories import JobFactory
 from tests.models import Execution
 from tests.test_cancel import GRACE, backend, settings_env, stop_running
@@ -159,11 +158,8 @@ def test_quick_jobs_through_a_small_limit_each_run_once():
     assert Execution.objects.count() == 300
 
 
-@pytest.mark.skipif(
-    connection.vendor != "postgresql" or "JOBSTATE_PG_CTL" not in os.environ,
-    reason="needs the throwaway PostgreSQL of scripts/test, which it restarts",
-)
-def test_async_and_sync_attempts_reconnect_after_a_postgresql_restart(runjobs):
+@pytest.mark.skipif(no_server_ctl(), reason=NO_SERVER_CTL)
+def test_async_and_sync_attempts_reconnect_after_a_database_server_restart(runjobs):
     """The connections of the worker's threads (and of the one the event loop's ORM calls
     run on) died with the server: the attempts after the restart open new ones."""
     worker = runjobs.start("--in-flight", "4")
@@ -171,7 +167,7 @@ def test_async_and_sync_attempts_reconnect_after_a_postgresql_restart(runjobs):
     before += [tasks.sync_waits.enqueue(f"c{i}", 0.01) for i in range(4)]
     wait_for(lambda: all(backend().get_result(r.id).is_finished for r in before))
 
-    subprocess.run([os.environ["JOBSTATE_PG_CTL"], "restart", "-m", "fast", "-w"], check=True)
+    server_ctl("restart")
     connections.close_all()  # this test's own connection died with the server
 
     # A dead connection would fail every attempt of these (three each).

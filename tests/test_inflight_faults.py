@@ -23,12 +23,22 @@ KILLED = "stopping the worker process"
 @contextmanager
 def job_table_locked() -> Iterator[None]:
     """Hold the job table from another connection, as a migration does: PostgreSQL's
-    ACCESS EXCLUSIVE lock (no read, no write), SQLite's write lock (no write)."""
+    ACCESS EXCLUSIVE lock (no read, no write), MariaDB's/MySQL's LOCK TABLES ... WRITE
+    (no read, no write), SQLite's write lock (no write)."""
     if connection.vendor == "postgresql":
         lock = connection.get_new_connection(connection.get_connection_params())
         lock.autocommit = True
         lock.execute("BEGIN")
         lock.execute("LOCK TABLE django_jobstate_job IN ACCESS EXCLUSIVE MODE")
+    elif connection.vendor == "mysql":
+        lock = connection.get_new_connection(connection.get_connection_params())
+        lock.query("LOCK TABLES django_jobstate_job WRITE")
+        try:
+            yield
+        finally:
+            lock.query("UNLOCK TABLES")
+            lock.close()
+        return
     else:
         lock = sqlite3.connect(connection.settings_dict["NAME"], isolation_level=None)
         lock.execute("BEGIN EXCLUSIVE")

@@ -5,7 +5,6 @@ import json
 import os
 import signal
 import socket
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -19,6 +18,7 @@ from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import FailureReason, State
 from django_jobstate.tasksapi import TaskResultStatus
 from tests import tasks
+from tests.dbfaults import NO_SERVER_CTL, no_server_ctl, server_ctl
 from tests.framework import DUMMY_BACKEND
 from tests.models import Execution
 
@@ -221,16 +221,13 @@ def test_a_new_job_wakes_an_idle_worker_without_waiting_for_the_poll(runjobs):
     runjobs.stop(worker)
 
 
-@pytest.mark.skipif(
-    connection.vendor != "postgresql" or "JOBSTATE_PG_CTL" not in os.environ,
-    reason="needs the throwaway PostgreSQL of scripts/test, which it restarts",
-)
-def test_a_postgresql_restart_during_a_run_loses_nothing(runjobs):
+@pytest.mark.skipif(no_server_ctl(), reason=NO_SERVER_CTL)
+def test_a_database_server_restart_during_a_run_loses_nothing(runjobs):
     results = [tasks.record_with_retries.enqueue(f"r{n}", 0.05) for n in range(60)]
     worker = runjobs.start("--concurrency", "2")
     wait_for(lambda: Execution.objects.count() >= 10)
 
-    subprocess.run([os.environ["JOBSTATE_PG_CTL"], "restart", "-m", "fast", "-w"], check=True)
+    server_ctl("restart")
     connections.close_all()  # this test's own connection died with the server
 
     wait_for(lambda: not Job.objects.live().exists(), timeout=90)
@@ -257,7 +254,7 @@ def test_jobs_routed_to_another_database_never_need_default_and_survive_its_rest
             # Unusable: a worker that used the default connection instead would fail.
             "default": (
                 {**settings.DATABASES["default"], "PORT": "1"}
-                if POSTGRES
+                if connection.vendor != "sqlite"
                 else {"ENGINE": "django.db.backends.sqlite3", "NAME": "/nonexistent/db.sqlite3"}
             ),
         },
@@ -265,8 +262,8 @@ def test_jobs_routed_to_another_database_never_need_default_and_survive_its_rest
     }
     worker = runjobs.start(JOBSTATE_TEST_SETTINGS=json.dumps(routed, default=str))
     wait_for(lambda: Execution.objects.count() >= 10)
-    if POSTGRES:  # the jobs' database restarts: the workers reconnect to it, not to default
-        subprocess.run([os.environ["JOBSTATE_PG_CTL"], "restart", "-m", "fast", "-w"], check=True)
+    if not no_server_ctl():  # the jobs' database restarts: the workers reconnect to it
+        server_ctl("restart")
         connections.close_all()
 
     wait_for(lambda: not Job.objects.live().exists(), timeout=90)

@@ -29,6 +29,7 @@ from ..exceptions import (
 )
 from ..querysets import JobQuerySet
 from ..states import State, check_transition
+from .conflicts import mysql_error_passes
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -130,9 +131,12 @@ def connection_lost(exc: DatabaseError) -> bool:
     the database is away, it ended a transaction of ours left idle, or the write waited
     too long for a lock (a lock or statement timeout, a deadlock: OperationalError on both
     databases, as SQLite's "database is locked"). Any other error (a constraint, a value
-    the column refuses, a trigger's) would fail the same write again."""
-    if isinstance(exc, OperationalError | InterfaceError):
+    the column refuses, a trigger's) would fail the same write again. MariaDB/MySQL call
+    a trigger's refusal OperationalError too: their errors are told apart by number."""
+    if isinstance(exc, InterfaceError):
         return True
+    if isinstance(exc, OperationalError):
+        return mysql_error_passes(exc)
     return getattr(exc.__cause__, "sqlstate", None) == IDLE_IN_TRANSACTION_TIMEOUT
 
 

@@ -23,6 +23,7 @@ from ..exceptions import JobCancelled, LostRace, describe_error
 from ..notify import NOTIFY_CANCEL
 from ..states import FailureReason, State
 from .base import Writes, brief_transaction, writing
+from .conflicts import retries_conflicts
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -35,6 +36,7 @@ class CancelOutcome(StrEnum):
 
 
 class Cancel(Writes):
+    @retries_conflicts
     def cancel(self, job: Job) -> CancelOutcome:
         """Cancel attempt `job` wherever it is now; say what happened.
 
@@ -69,6 +71,7 @@ class Cancel(Writes):
                 return CancelOutcome.FINISHED
         raise LostRace(f"Job {job.pk} kept moving; it was not cancelled.")  # pragma: no cover
 
+    @retries_conflicts
     def cancel_task(self, result_id: str | uuid.UUID) -> CancelOutcome:
         """Cancel the live attempt of a task (its newest); DoesNotExist if there is none.
 

@@ -10,6 +10,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..states import State, check_transition
 from .base import ClaimKey, claim_key, now_sql, write_lock_first
+from .conflicts import retries_conflicts
 from .mysql import MySQLWrites
 
 if TYPE_CHECKING:
@@ -23,6 +24,7 @@ class Unreadable(str):
 
 
 class Claim(MySQLWrites):
+    @retries_conflicts
     def claim(
         self,
         worker_id: str,

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
 
-from django.db import OperationalError, connections, transaction
+from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..states import State
@@ -28,15 +28,12 @@ if TYPE_CHECKING:
 
 # The index in claim order (migration 0009, which freezes the name).
 CLAIM_ORDER = "jobstate_job_claim_order"
-# InnoDB's lock conflicts: a lock wait timeout (1205) and a deadlock (1213). Either ends
-# the statement having changed nothing (a deadlock rolls the whole transaction back).
-LOCK_WAIT_TIMEOUT, DEADLOCK = 1205, 1213
-
-
-def lock_conflict(exc: BaseException) -> bool:
-    """Whether `exc` is InnoDB's lock wait timeout or deadlock (Django keeps the driver's
-    error code as its first argument)."""
-    return isinstance(exc, OperationalError) and exc.args[:1] in ((LOCK_WAIT_TIMEOUT,), (DEADLOCK,))
+# For a locking read or an UPDATE of rows by id. InnoDB locks (or waits for) every row it
+# reads on the way, matching or not: on a small table the optimizer may read an id list
+# by a full scan, and wait for a row some other transaction holds (an application's
+# select_for_update(), a claim), while the rows it wants are free. Read by the primary
+# key, nothing else is touched.
+BY_ID = "FORCE INDEX (PRIMARY)"
 
 
 class MySQLWrites(Writes):
@@ -104,7 +101,7 @@ class MySQLWrites(Writes):
                 return []
             marks = ", ".join(["%s"] * len(ids))
             cursor.execute(
-                f"UPDATE {table} SET `state` = %s, `worker_id` = %s, `started_at` = {now} "
+                f"UPDATE {table} {BY_ID} SET `state` = %s, `worker_id` = %s, `started_at` = {now} "
                 f"WHERE `id` IN ({marks}) AND `state` = %s",
                 [State.RUNNING, worker_id, *now_params, *ids, State.QUEUED],
             )
@@ -129,7 +126,7 @@ class MySQLWrites(Writes):
         with transaction.atomic(using=db), connection.cursor() as cursor:
             marks = ", ".join(["%s"] * len(values))
             cursor.execute(
-                f"SELECT `id` FROM {table} WHERE `id` IN ({marks}) AND `state` = %s "
+                f"SELECT `id` FROM {table} {BY_ID} WHERE `id` IN ({marks}) AND `state` = %s "
                 f"AND `worker_id` = %s FOR UPDATE",
                 [*values, State.RUNNING, worker_id],
             )
@@ -139,7 +136,7 @@ class MySQLWrites(Writes):
             marks = ", ".join(["%s"] * len(mine))
             cases = " ".join(["WHEN %s THEN %s"] * len(mine))
             cursor.execute(
-                f"UPDATE {table} SET `state` = %s, `finished_at` = {now}, "
+                f"UPDATE {table} {BY_ID} SET `state` = %s, `finished_at` = {now}, "
                 f"`return_value` = CASE `id` {cases} END "
                 f"WHERE `id` IN ({marks}) AND `state` = %s AND `worker_id` = %s",
                 [
@@ -202,10 +199,9 @@ class MySQLWrites(Writes):
                 locked = holders.select_for_update().values_list("unique_key", "pk")
                 held = {cast(str, key): pk for key, pk in locked}
         written = {uuid.UUID(str(result_id)).hex: pk for pk, result_id, _, _ in returned}
-        times = (template.run_after, template.enqueued_at)
-        if returned:
-            times = returned[0][2:]
+        if not returned:  # every key was held: nothing read back to convert
+            return written, held, (template.run_after, template.enqueued_at)
         meta = self.model._meta
-        run_after = from_db(connection, meta.get_field("run_after"), times[0])
-        enqueued_at = from_db(connection, meta.get_field("enqueued_at"), times[1])
+        run_after = from_db(connection, meta.get_field("run_after"), returned[0][2])
+        enqueued_at = from_db(connection, meta.get_field("enqueued_at"), returned[0][3])
         return written, held, (run_after, enqueued_at)

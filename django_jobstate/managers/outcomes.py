@@ -21,6 +21,7 @@ from ..states import FailureReason, State, check_transition
 from ..telemetry.logs import job_fields
 from ..uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 from .base import logger, now_sql, write_lock_first, writing
+from .conflicts import retries_conflicts
 from .mysql import MySQLWrites
 
 if TYPE_CHECKING:
@@ -44,10 +45,12 @@ def backoff_delay(backoff: float, attempt: int) -> float:
 
 
 class Outcomes(MySQLWrites):
+    @retries_conflicts
     def succeed(self, job: Job, return_value: Any) -> None:
         """Record that `job`'s task returned `return_value`."""
         self._transition(job, State.SUCCEEDED, finished_at=Now(), return_value=return_value)
 
+    @retries_conflicts
     def succeed_many(self, worker_id: str, outcomes: Sequence[tuple[Job, Any]]) -> set[int]:
         """Record several successes of `worker_id` in one statement; return the ids written.
 
@@ -83,6 +86,7 @@ class Outcomes(MySQLWrites):
             cursor.execute(sql, params)
             return {row[0] for row in cursor.fetchall()}
 
+    @retries_conflicts
     def fail(
         self,
         job: Job,
@@ -141,6 +145,7 @@ class Outcomes(MySQLWrites):
                 )
                 return None
 
+    @retries_conflicts
     def retry(
         self,
         job: Job,

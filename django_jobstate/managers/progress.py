@@ -8,6 +8,7 @@ from ..exceptions import InvalidPayload, LostRace
 from ..payload import encode_payload
 from ..states import State
 from .base import Writes
+from .conflicts import retries_conflicts
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -22,6 +23,7 @@ def check_metadata(metadata: Any) -> dict[str, Any]:
 
 
 class Progress(Writes):
+    @retries_conflicts
     def save_metadata(self, job: Job, metadata: dict[str, Any]) -> None:
         """Write `job`'s metadata if it is still running for its worker; else LostRace.
 

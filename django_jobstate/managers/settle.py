@@ -19,6 +19,7 @@ from ..states import FailureReason
 from ..telemetry import metrics
 from ..telemetry.logs import job_fields
 from .base import brief_transaction, connection_lost, logger, timeout_error
+from .conflicts import retries_conflicts
 from .outcomes import Outcomes
 
 if TYPE_CHECKING:
@@ -132,11 +133,8 @@ class Settle(Outcomes):
         failed = 0
         for job in jobs:
             try:
-                locking = brief_transaction(job._state.db)
-                with locking if skip_locked else contextlib.nullcontext():
-                    if skip_locked and not self._lock_or_skip(job):
-                        continue  # its writer holds it; see again at the next rescue
-                    self.fail(job, reason, **describe_error(error))
+                if not self._fail_one(job, reason, error, skip_locked):
+                    continue  # its writer holds it; see again at the next rescue
             except LostRace:
                 continue  # its worker finished it, or another rescuer got there first
             except DatabaseError as exc:
@@ -159,6 +157,18 @@ class Settle(Outcomes):
                 metrics.recorder.finished(job)
             failed += 1
         return failed
+
+    @retries_conflicts
+    def _fail_one(
+        self, job: Job, reason: FailureReason, error: BaseException, skip_locked: bool
+    ) -> bool:
+        """Fail `job` (LostRace if it moved on); False if it was skipped as locked."""
+        locking = brief_transaction(job._state.db)
+        with locking if skip_locked else contextlib.nullcontext():
+            if skip_locked and not self._lock_or_skip(job):
+                return False
+            self.fail(job, reason, **describe_error(error))
+        return True
 
     def fail_refused(self, job: Job, refused: DatabaseError, what: str) -> bool:
         """Fail `job` with `refused`, the database's error for the write of `what` (its

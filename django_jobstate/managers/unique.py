@@ -16,7 +16,8 @@ from django.db.models.sql import Query
 
 from ..exceptions import JobAlreadyEnqueued, LostRace
 from ..uniqueness import HOLDS_KEY, UniqueScope
-from .mysql import MySQLWrites, lock_conflict
+from .conflicts import lock_conflict
+from .mysql import MySQLWrites
 
 if TYPE_CHECKING:
     from ..models import Job

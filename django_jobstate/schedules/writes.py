@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from ..conf import get_settings
 from ..loading import load_task
-from ..managers.mysql import lock_conflict
+from ..managers.conflicts import lock_conflict
 from ..models import Job, Schedule
 from ..task_options import with_settings
 from ..uniqueness import UniqueScope, is_unique, unique_key
@@ -65,7 +65,10 @@ def db_now(db: str) -> datetime:
 def lock_not_available(exc: BaseException) -> bool:
     """Whether a tick's transaction gave up on a row another scheduler holds (or, on
     MariaDB/MySQL, was chosen as a deadlock's victim): nothing was written; try again soon."""
-    return getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE or lock_conflict(exc)
+    return (
+        getattr(exc.__cause__, "sqlstate", None) == LOCK_NOT_AVAILABLE
+        or lock_conflict(exc) is not None
+    )
 
 
 @contextmanager
