@@ -1,11 +1,14 @@
 """What the benchmark (benchmark/) and the torture run (torture/) share: the settings of
-a database of theirs from the environment, and an admin cursor on the MariaDB server."""
+a database of theirs from the environment, an admin cursor on the MariaDB server, and a
+wait for a condition. Standard library only: the peers' helpers import it in their own
+environments (.venv-peers), which have no Django."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 
@@ -56,3 +59,13 @@ def mysql_admin(database: str | None = None) -> Iterator[Any]:
         yield conn.cursor()
     finally:
         conn.close()
+
+
+def wait_for(condition: Callable[[], bool], timeout: float, every: float = 0.05) -> bool:
+    """Whether `condition()` became true within `timeout` seconds, asked every `every`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(every)
+    return True

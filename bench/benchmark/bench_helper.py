@@ -16,6 +16,8 @@ from typing import Any
 
 import django
 
+from bench.common import wait_for
+
 
 def seed(rows: Any, n: str, task: str = "noop") -> dict[str, Any]:
     """Enqueue `n` jobs of `task` (no-op by default) by the fastest path the system offers
@@ -212,15 +214,6 @@ def enqueue_steadily(task: Any, rate: str, seconds: str) -> tuple[int, float]:
             time.sleep(delay)
         task.enqueue()
     return count, started
-
-
-def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.05)
-    return True
 
 
 def migrate(rows: Any) -> dict[str, Any]:

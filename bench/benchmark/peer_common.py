@@ -23,6 +23,8 @@ from typing import Any
 
 import redis
 
+from bench.common import wait_for
+
 LOG = "bench:log"
 SLEEP = 0.1  # the I/O-bound job's wait, as django-jobstate's bench_tasks.io_sleep
 
@@ -121,7 +123,7 @@ def check(peer: Peer, expected: str, partial: str = "", task: str = "noop") -> d
 def wait_done(peer: Peer, expected: str, timeout: str, task: str = "noop") -> dict[str, Any]:
     want = int(expected)
     r = client()
-    finished = wait_for(lambda: r.llen(LOG) >= want, float(timeout))
+    finished = wait_for(lambda: r.llen(LOG) >= want, float(timeout), every=0.02)
     return {"finished": finished, "done": r.llen(LOG)}
 
 
@@ -129,7 +131,7 @@ def feed(peer: Peer, rate: str, seconds: str, wait: str) -> dict[str, Any]:
     """Enqueue at a steady rate to running workers; the bodies record their start."""
     r = client()
     peer.enqueue("noop", [("warmup-0", time.time())], bulk=False)
-    if not wait_for(lambda: r.llen(LOG) >= 1, float(wait)):
+    if not wait_for(lambda: r.llen(LOG) >= 1, float(wait), every=0.02):
         raise RuntimeError(f"the worker did not run the warm-up job within {wait} s")
     time.sleep(1.0)
     count = int(float(rate) * float(seconds))
@@ -140,7 +142,7 @@ def feed(peer: Peer, rate: str, seconds: str, wait: str) -> dict[str, Any]:
             time.sleep(delay)
         peer.enqueue("noop", [(f"lat-{k}", time.time())], bulk=False)
     fed_in = time.perf_counter() - started
-    finished = wait_for(lambda: r.llen(LOG) >= count + 1, float(wait))
+    finished = wait_for(lambda: r.llen(LOG) >= count + 1, float(wait), every=0.02)
     return {"fed": count, "seconds": fed_in, "done": r.llen(LOG) - 1, "finished": finished}
 
 
@@ -160,15 +162,6 @@ def reset(peer: Peer) -> dict[str, Any]:
 def migrate(peer: Peer) -> dict[str, Any]:
     peer.migrate()
     return {}
-
-
-def wait_for(condition: Callable[[], bool], timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def commands() -> dict[str, Callable[..., dict[str, Any]]]:
