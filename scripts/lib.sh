@@ -224,20 +224,26 @@ ensure_venv() {
 # test dependency group and Django A.B.x, and print its path. Like ensure_venv, it installs
 # again only when pyproject.toml changed (a stamp records it).
 ensure_matrix_venv() {
-    local pyver=$1 series=$2 extra=${3:-} venv stamp spec want py pkg=.
+    local pyver=$1 series=$2 extra=${3:-} venv spec want pkg=.
     if [[ -n $extra && $extra != backport ]]; then
         _err "ensure_matrix_venv: the third argument can only be 'backport', got '$extra'"
         return 1
     fi
     venv="$JOBSTATE_ROOT/.venv-matrix/py$pyver-django$series${extra:+-$extra}"
     if [[ -n $extra ]]; then pkg=".[$extra]"; fi
-    stamp="$venv/.jobstate-stamp"
     if [[ ! $pyver =~ ^3\.[0-9]+$ || ! $series =~ ^[0-9]+\.[0-9]+$ ]]; then
         _err "ensure_matrix_venv: want a Python and a Django version as X.Y, got '$pyver' '$series'"
         return 1
     fi
     spec="Django>=$series,<${series%.*}.$((${series#*.} + 1))"
     want="pyproject $(_sha256 <"$JOBSTATE_ROOT/pyproject.toml") $spec $pkg" || return 1
+    _stamped_venv "$venv" "$pyver" "$want" "$pkg" "$spec"
+}
+
+# _stamped_venv VENV X.Y WANT PKG SPEC: print VENV, a Python X.Y environment with PKG
+# (editable), the test group and SPEC, installed unless its stamp says WANT already.
+_stamped_venv() {
+    local venv=$1 pyver=$2 want=$3 pkg=$4 spec=$5 stamp=$1/.jobstate-stamp py
     if [[ -x $venv/bin/python ]] && _python_is "$venv/bin/python" "$pyver"; then
         if [[ -f $stamp && $(<"$stamp") == "$want" ]]; then
             echo "$venv"
@@ -265,27 +271,9 @@ ensure_matrix_venv() {
 # together (6.1 today: the stage prints it); Wagtail brings the django-tasks backport. A stamp
 # records pyproject.toml, the Python and the pin: it installs again only when one changes.
 ensure_wagtail_venv() {
-    local pyver=3.13 spec="wagtail==8.0.*" venv="$JOBSTATE_ROOT/.venv-matrix/wagtail" stamp want py
-    stamp="$venv/.jobstate-stamp"
+    local pyver=3.13 spec="wagtail==8.0.*" venv="$JOBSTATE_ROOT/.venv-matrix/wagtail" want
     want="pyproject $(_sha256 <"$JOBSTATE_ROOT/pyproject.toml") python$pyver $spec" || return 1
-    if [[ -x $venv/bin/python ]] && _python_is "$venv/bin/python" "$pyver"; then
-        if [[ -f $stamp && $(<"$stamp") == "$want" ]]; then
-            echo "$venv"
-            return 0
-        fi
-    else
-        py=$(find_python "$pyver") || return 1
-        rm -rf "$venv" || return 1
-        _log "Creating $venv with $py ($(_python_version "$py"))"
-        "$py" -m venv "$venv" || return 1
-    fi
-    _log "Installing django-jobstate (editable), the test group and $spec into $venv"
-    rm -f "$stamp"
-    "$venv/bin/python" -m pip install -q -U pip >&2 || return 1
-    (cd "$JOBSTATE_ROOT" && "$venv/bin/python" -m pip install -q -e . --group test "$spec") >&2 ||
-        return 1
-    echo "$want" >"$stamp" || return 1
-    echo "$venv"
+    _stamped_venv "$venv" "$pyver" "$want" . "$spec"
 }
 
 # ---------------------------------------------------------------- PostgreSQL
