@@ -240,9 +240,9 @@ def test_the_gauges_read_live_rows_from_their_partial_indexes_never_history():
 OFF = """
 import sys, django
 django.setup()
-import django_jobstate.management.commands.runjobs, django_jobstate.supervisor
+import django_jobstate.management.commands.runjobs, django_jobstate.runner.supervisor
 from django_jobstate.models import Job
-from django_jobstate.worker import Worker
+from django_jobstate.runner.worker import Worker
 from tests import tasks
 tasks.reports_progress.using(metadata={"a": 1}).enqueue(1)
 tasks.boom.enqueue()
