@@ -6,7 +6,7 @@ import time
 from datetime import datetime, timedelta
 
 import pytest
-from django.db import connection
+from django.db import connection, connections
 from django.utils import timezone
 
 from django_jobstate.backend import JobStateBackend
@@ -528,3 +528,43 @@ def test_a_failure_is_logged_with_its_class_message_reason_and_traceback(caplog)
     # Django's own line, from task_finished, carries the traceback too (admin e-mails).
     [django] = [r for r in caplog.records if r.name == LOGGER and "FAILED" in r.getMessage()]
     assert django.exc_info[0] is ValueError
+
+
+def test_a_worker_run_inside_a_callers_transaction_does_not_wait_on_its_own_heartbeat(caplog):
+    """As a Django TestCase runs it: the worker registers inside the test's transaction,
+    where its watchdog thread's connection cannot see the row. A beat from that thread
+    would wait for the transaction, and the worker waits for the thread at its end: they
+    hung each other for good on PostgreSQL and MariaDB (30 s on SQLite, its busy timeout)
+    once a run outlasted a heartbeat interval. A helper thread breaks such a wait after
+    20 s, so that the test fails instead of hanging."""
+    tasks.sleep_then_record.enqueue("slow", 1.0)  # four heartbeat intervals of the tests
+    done = threading.Event()
+
+    def break_waits() -> None:
+        if done.wait(20):
+            return
+        try:
+            with connections["default"].cursor() as cursor:  # this thread's own connection
+                if connection.vendor == "postgresql":
+                    cursor.execute(
+                        "SELECT pg_cancel_backend(pid) FROM pg_stat_activity "
+                        "WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+                    )
+                elif connection.vendor == "mysql":
+                    cursor.execute(
+                        "SELECT id FROM information_schema.PROCESSLIST "
+                        "WHERE STATE LIKE '%lock%' AND id <> CONNECTION_ID()"
+                    )
+                    for (pid,) in cursor.fetchall():
+                        cursor.execute(f"KILL QUERY {int(pid)}")
+        finally:
+            connections.close_all()
+
+    breaker = threading.Thread(target=break_waits, daemon=True)
+    breaker.start()
+    with caplog.at_level(logging.WARNING, logger="django_jobstate"):
+        Worker(burst=True).run()
+    done.set()
+    breaker.join()
+    assert Execution.objects.filter(label="slow").count() == 1
+    assert "cannot heartbeat" not in caplog.text

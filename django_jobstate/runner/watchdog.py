@@ -16,7 +16,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
 from ..managers import close_connection, connection_lost
 from ..models import Job, WorkerHeartbeat
@@ -35,6 +35,11 @@ class Watchdog(threading.Thread):
     def __init__(self, worker: Worker) -> None:
         super().__init__(name=f"jobstate-watchdog-{worker.worker_id}", daemon=True)
         self.worker = worker
+        # A worker run inside a caller's transaction (a Django TestCase's, say) registers in
+        # it: its heartbeat row is that transaction's, seen by no one else until it
+        # commits. This thread's own connection would wait on that row until then, and the
+        # worker waits for this thread at its end: it beats only from the worker's thread.
+        self.in_callers_transaction = connections[worker.db].in_atomic_block
         self.pulse = Pulse(f"Worker {worker.worker_id}")
         self._done = threading.Event()
         self._overdue: list[int] = []  # attempts past their deadline, not yet failed
@@ -50,7 +55,8 @@ class Watchdog(threading.Thread):
                 self._time_out()
                 if now >= next_beat:
                     next_beat = now + interval
-                    self.beat()
+                    if not self.in_callers_transaction:
+                        self.beat()
                     self.pulse.rescue([self.worker.worker_id])
                     ledgers = {self.worker.worker_id: self.worker.ledger}
                     pass_cancel_requests(ledgers, self.pulse.name)
