@@ -63,9 +63,6 @@ if DB == "postgres":
             "PORT": os.environ.get("PGPORT", "5432"),
             "USER": os.environ.get("PGUSER", "jobstate"),
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
-            # One test database per run: scripts/test runs other suites on this server
-            # beside this one (the matrix, the Wagtail site).
-            "TEST": {"NAME": f"test_jobstate_{os.getpid()}"},
         }
     }
 elif DB == "sqlite":

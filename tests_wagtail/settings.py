@@ -80,9 +80,6 @@ if DB == "postgres":
             "PORT": os.environ.get("PGPORT", "5432"),
             "USER": os.environ.get("PGUSER", "jobstate"),
             "PASSWORD": os.environ.get("PGPASSWORD", ""),
-            # One test database per run: scripts/test runs other suites on this server
-            # beside this one (the matrix, the Wagtail site).
-            "TEST": {"NAME": f"test_wagtail_{os.getpid()}"},
         }
     }
     # Wagtail's database search backend on PostgreSQL (its own requirement).
