@@ -9,7 +9,10 @@ from .conf import get_settings
 from .exceptions import InvalidPayload
 from .tasksapi import normalize_json
 
-MAX_PAYLOAD_DEPTH = 100
+# The deepest nesting every supported database stores: MariaDB's JSON_VALID check refuses
+# 32 levels and more (MySQL's JSON type stops past 100, PostgreSQL's jsonb much further).
+# One limit for all, so that a payload one database takes no other refuses.
+MAX_PAYLOAD_DEPTH = 31
 
 
 def encode_payload(value: Any, what: str) -> tuple[Any, str]:
@@ -45,7 +48,7 @@ def encode_payload(value: Any, what: str) -> tuple[Any, str]:
 
 
 def _unstorable(value: Any) -> str | None:
-    """Say why PostgreSQL could not store `value` as jsonb (iteratively: it may be deep)."""
+    """Say why a database could not store `value` (iteratively: it may be deep)."""
     stack = [(value, 1)]
     while stack:
         item, depth = stack.pop()

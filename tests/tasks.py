@@ -141,6 +141,16 @@ def returns_nul() -> str:
 
 
 @task
+def returns_nested(depth: int) -> list:
+    """Return lists nested `depth` levels deep."""
+    outer = inner = []
+    for _ in range(depth - 1):
+        inner.append([])
+        inner = inner[0]
+    return outer
+
+
+@task
 def returns_large(size: int) -> str:
     """Return a string of `size` characters (past JOBSTATE_MAX_PAYLOAD_BYTES, if large)."""
     return "x" * size

@@ -129,6 +129,37 @@ def test_deeply_nested_arguments_are_refused_and_write_no_row():
     assert (raised, Job.objects.count()) == ("InvalidPayload", 0)
 
 
+def test_arguments_and_results_nested_as_deep_as_every_database_stores_and_no_deeper():
+    # 31 levels: MariaDB's JSON_VALID check refused 32 to 100 with an IntegrityError that
+    # named a constraint, where every other database took them (the limit was 100).
+    # The list of arguments, and the dict of keyword arguments, is the first level.
+    kept = tasks.record.enqueue(nested(30))
+    assert Job.objects.get(result_id=kept.id).args == [nested(30)]
+    for where, call in [
+        ("Task arguments", lambda: tasks.record.enqueue(nested(31))),
+        ("Task keyword arguments", lambda: tasks.record.enqueue(label=nested(31))),
+    ]:
+        with pytest.raises(InvalidPayload, match=f"{where} are nested more than 31 levels"):
+            call()
+    assert Job.objects.count() == 1
+
+
+@RUNS_A_WORKER
+def test_a_return_value_nested_too_deep_fails_only_that_attempt():
+    deep = tasks.returns_nested.enqueue(32)
+    fine = tasks.returns_nested.enqueue(31)
+
+    Worker(burst=True).run()  # must not raise
+
+    failed = Job.objects.get(result_id=deep.id)
+    assert (failed.state, failed.error_class) == (
+        State.FAILED,
+        "django_jobstate.exceptions.InvalidPayload",
+    )
+    assert "nested more than 31 levels" in failed.error_message
+    assert Job.objects.get(result_id=fine.id).return_value == nested(31)
+
+
 @pytest.mark.skipif(
     settings.DB == "mysql",
     reason="MariaDB/MySQL cannot store JSON this deep (MariaDB's JSON_VALID check refuses 32 "
