@@ -4,6 +4,7 @@ and the error fields of a failed attempt."""
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -114,7 +115,7 @@ def close_connection() -> None:
 _JobManagerBase = models.Manager.from_queryset(JobQuerySet)
 
 
-# On PostgreSQL the server ends a transaction of ours that holds Job rows (an outcome, a
+# On PostgreSQL and MariaDB the server ends a transaction of ours that holds Job rows (an outcome, a
 # rescue, a cancel request) once its client has been silent in it for this share of
 # JOBSTATE_LOST_AFTER. A host cut off, or dead, between such a write and its COMMIT would
 # hold the rows until the server drops its connection (when TCP gives up: up to hours),
@@ -145,16 +146,35 @@ def brief_transaction(using: str | None) -> Iterator[None]:
     """transaction.atomic, for a write of ours that holds Job rows (IDLE_IN_WRITE_SHARE)."""
     connection = connections[using or DEFAULT_DB_ALIAS]
     outermost = not connection.in_atomic_block
-    with transaction.atomic(using=using):
-        if outermost and connection.vendor == "postgresql":
-            idle = int(get_settings().LOST_AFTER * IDLE_IN_WRITE_SHARE * 1000)
-            idle = min(max(1, idle), 2**31 - 1)  # milliseconds, a PostgreSQL int (24 days)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
-                    [str(idle)],
-                )
-        yield
+    idle = get_settings().LOST_AFTER * IDLE_IN_WRITE_SHARE
+    mariadb = outermost and getattr(connection, "mysql_is_mariadb", False)
+    try:
+        with transaction.atomic(using=using):
+            if outermost and connection.vendor == "postgresql":
+                ms = min(max(1, int(idle * 1000)), 2**31 - 1)  # a PostgreSQL int (24 days)
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SELECT set_config('idle_in_transaction_session_timeout', %s, true)",
+                        [str(ms)],
+                    )
+            elif mariadb:
+                # No SET LOCAL: the session's value is kept and put back after the
+                # transaction. Whole seconds, at least 1. (MySQL 8 has no such timeout: a
+                # writer cut off mid-write holds its rows until the server drops it.)
+                with connection.cursor() as cursor:
+                    cursor.execute(
+                        "SET @jobstate_idle = @@SESSION.idle_transaction_timeout, "
+                        "SESSION idle_transaction_timeout = %s",
+                        [min(max(1, math.ceil(idle)), 31_536_000)],
+                    )
+            yield
+    finally:
+        if mariadb and connection.connection is not None:
+            try:
+                with connection.cursor() as cursor:
+                    cursor.execute("SET SESSION idle_transaction_timeout = @jobstate_idle")
+            except DatabaseError:
+                pass  # the connection is gone (or going): a new one starts with the default
 
 
 @contextmanager
