@@ -158,13 +158,16 @@ def prepare(
     task = find_task(path)
     call = Call(task, parse_args(args), parse_kwargs(kwargs))
     bind(task, call.args, call.kwargs)
-    for name, options in [
-        ("queue", {"queue_name": queue or None}),
-        ("priority", {"priority": priority}),
-        ("run_after", {"run_after": parse_run_after(run_after)}),
-    ]:
+    options: list[tuple[str, str, Any]] = [
+        ("queue", "queue_name", queue or None),
+        ("priority", "priority", priority),
+        ("run_after", "run_after", parse_run_after(run_after)),
+    ]
+    for name, option, value in options:
+        if value is None:
+            continue
         try:  # using() runs the backend's validate_task(): the queue, the range, ...
-            call.task = call.task.using(**{k: v for k, v in options.items() if v is not None})
+            call.task = call.task.using(**{option: value})
         except InvalidTask as exc:
             raise NotStarted(str(exc), name) from None
     return call
