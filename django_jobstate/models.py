@@ -136,6 +136,8 @@ class Job(models.Model):
     class Meta:
         verbose_name = _("job")
         verbose_name_plural = _("jobs")
+        # Starting any task with any arguments is more than changing jobs: asked for apart.
+        permissions = [("enqueue_task", _("Can start any task by hand"))]
         constraints = [
             models.CheckConstraint(condition=Q(state__in=State.values), name="jobstate_job_state"),
             models.CheckConstraint(

@@ -39,7 +39,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     # The seam to Django's Tasks framework: the backend, task classes and options, loading.
     (
         "framework",
-        ["backend", "testing", "task_options", "loading", "context", "queue_names"],
+        ["backend", "testing", "task_options", "loading", "context", "queue_names", "handmade"],
     ),
     # Periodic jobs: storing definitions, and the scheduler every supervisor runs.
     ("schedules", ["schedules"]),

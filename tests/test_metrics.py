@@ -124,7 +124,7 @@ def test_scraped_counters_add_up_to_the_rows_while_two_workers_drain(runjobs):
     # Labels stay bounded: no id of a job or of a result appears.
     assert str(waiting.id) not in str(after)
     labels = {name for _, sample_labels in after for name, _ in sample_labels}
-    assert labels <= {"queue", "task", "state", "reason", "how", "le"}
+    assert labels <= {"queue", "task", "state", "reason", "how", "le", "status"}
 
 
 def test_a_bad_metrics_port_exits_2(runjobs):

@@ -46,6 +46,7 @@ from .page import (
     stuck_html,
 )
 from .retry import RetryActions
+from .start import StartTaskAdmin
 
 if TYPE_CHECKING:
     from django.contrib.admin.options import _FieldsetSpec
@@ -87,7 +88,7 @@ def pretty_json(value: Any) -> str:
 
 
 @admin.register(Job)
-class JobAdmin(RetryActions, admin.ModelAdmin):
+class JobAdmin(StartTaskAdmin, RetryActions, admin.ModelAdmin):
     list_display = [
         "id",
         "task",

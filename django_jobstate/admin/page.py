@@ -158,7 +158,7 @@ def failure_html(job: Job) -> str | None:
 
 def origins(attempts: list[Job]) -> dict[int, str]:
     """How each of a task's attempts was queued, by id: enqueued, retried by hand, ..."""
-    ids = [str(attempt.pk) for attempt in attempts if attempt.previous_id or attempt.attempt > 1]
+    ids = [str(attempt.pk) for attempt in attempts]  # a first one: started by hand
     by_hand = {
         entry.object_id: entry.user.get_username()
         for entry in LogEntry.objects.filter(
@@ -171,7 +171,9 @@ def origins(attempts: list[Job]) -> dict[int, str]:
     texts = {}
     for attempt in attempts:
         previous = by_id.get(attempt.previous_id) if attempt.previous_id else None
-        if str(attempt.pk) in by_hand:
+        if str(attempt.pk) in by_hand and attempt.attempt == 1 and not attempt.previous_id:
+            text = _("started by hand by %(user)s") % {"user": by_hand[str(attempt.pk)]}
+        elif str(attempt.pk) in by_hand:
             text = _("retried by hand by %(user)s") % {"user": by_hand[str(attempt.pk)]}
         elif previous is not None and previous.failure_reason == FailureReason.RELEASED:
             text = _("queued again: attempt %(attempt)d never started") % {

@@ -1,0 +1,103 @@
+"""The "Start a task" page in a real browser (Debian's headless Chromium), and a real
+`runjobs` that runs what it started. The browser fixture and its rules are
+test_admin_browser's; screenshots at 1366x768 and 390 px wide go to artifacts/."""
+
+import time
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from django_jobstate.models import Job
+from django_jobstate.states import State
+from tests.models import Execution
+from tests.test_admin_browser import ARTIFACTS, browser, click_and_load
+
+__all__ = ["browser"]  # the fixture
+
+SIZES = {"desktop": (1366, 768), "phone": (390, 844)}
+
+
+def screenshots(driver, name: str, *, fits: bool = True) -> None:
+    """The page at each size; with `fits`, nothing wider than the window (no sideways
+    scroll). The job list and page are left to their own tests."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    for size, (width, height) in SIZES.items():
+        driver.set_window_size(width, height)
+        overflow = driver.execute_script(
+            "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
+        )
+        assert overflow <= 0 or not fits, f"{name} scrolls sideways by {overflow} px at {width}"
+        assert driver.save_screenshot(str(ARTIFACTS / f"{name}-{size}.png"))
+    driver.set_window_size(*SIZES["desktop"])
+
+
+def wait_for(predicate, what: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_operator_starts_a_task_from_the_form_and_a_real_worker_runs_it(
+    browser, live_server, runjobs
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.select import Select
+
+    driver = browser
+    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
+    operator.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_job", "enqueue_task"])
+    )
+    runjobs.start("--queue", "default")
+
+    driver.get(f"{live_server.url}/admin/django_jobstate/job/")
+    driver.find_element(By.NAME, "username").send_keys("operator")
+    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    button = driver.find_element(By.CSS_SELECTOR, ".object-tools a.jobstate-start-link")
+    assert button.text == "START A TASK"
+    screenshots(driver, "admin-start-task-button", fits=False)
+    click_and_load(driver, button)
+    assert driver.find_element(By.TAG_NAME, "h1").text == "Start a task"
+    screenshots(driver, "admin-start-task-form")
+
+    # A mistake first: the arguments' JSON is cut short, and the page says so on its field.
+    Select(driver.find_element(By.NAME, "task")).select_by_value("tests.tasks.record")
+    args = driver.find_element(By.NAME, "args")
+    args.clear()
+    args.send_keys('["from the browser <b>!</b>"')
+    click_and_load(driver, driver.find_element(By.NAME, "_start"))
+    error = driver.find_element(By.CSS_SELECTOR, ".field-args .errorlist").text
+    assert error.startswith("The arguments are not valid JSON"), error
+    assert not Job.objects.exists()
+    screenshots(driver, "admin-start-task-error")
+
+    args = driver.find_element(By.NAME, "args")
+    assert args.get_attribute("value") == '["from the browser <b>!</b>"'  # kept, as text
+    args.send_keys("]")
+    click_and_load(driver, driver.find_element(By.NAME, "_start"))
+    job = Job.objects.get()
+    assert driver.current_url.endswith(f"/job/{job.pk}/change/")
+    message = driver.find_element(By.CSS_SELECTOR, ".messagelist .success")
+    assert message.text == (
+        f"Started tests.tasks.record: job #{job.pk} (result id {job.result_id})."
+    )
+    assert (
+        message.find_element(By.TAG_NAME, "a")
+        .get_attribute("href")
+        .endswith(f"/job/{job.pk}/change/")
+    )
+
+    # The worker runs it; the page, reloaded, says so and who started it.
+    wait_for(lambda: Job.objects.get(pk=job.pk).state == State.SUCCEEDED, "the worker")
+    assert list(Execution.objects.values_list("label", flat=True)) == ["from the browser <b>!</b>"]
+    driver.refresh()
+    assert driver.find_element(By.CSS_SELECTOR, ".field-state_badge .jobstate-badge").text == (
+        "SUCCEEDED"
+    )
+    origin = driver.find_element(By.CSS_SELECTOR, ".field-origin").text
+    assert "started by hand by operator" in origin
+    screenshots(driver, "admin-start-task-done", fits=False)
