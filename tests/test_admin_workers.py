@@ -100,9 +100,9 @@ def test_the_page_lists_each_worker_and_what_it_holds(client):
     html = client.get(URL).content.decode()
 
     supervised = row(html, "web-1:4242:abcd1234/0.1")
-    for text in ["web-1", "4243", "web-1:4242:abcd1234", "pid 4242", "emails, default"]:
+    for text in ["web-1", "4243", "web-1:4242:abcd1234", "pid 4242", "default, emails"]:
         assert text in supervised
-    assert '<td class="field-concurrency">2</td>' in supervised
+    assert "concurrency 2" in supervised
     assert f'<a href="{job_url(sending)}" title="tests.tasks.email">#{sending.pk} email</a>' in (
         supervised
     )
@@ -115,7 +115,8 @@ def test_the_page_lists_each_worker_and_what_it_holds(client):
     local = row(html, "local-worker")
     for text in ["in-process", "laptop", ">all<", "idle"]:
         assert text in local
-    assert '<td class="field-in_flight">3</td>' in local
+    assert "in flight 3" in local
+    assert "Silent after 15.0 s without a heartbeat" in html
 
 
 def test_silent_workers_are_marked_by_the_database_clock_with_their_rescue(client):
@@ -131,17 +132,18 @@ def test_silent_workers_are_marked_by_the_database_clock_with_their_rescue(clien
     assert "silent" not in row(html, "alive")
     quiet = row(html, "quiet")
     assert '<span class="jobstate-badge jobstate-failed">silent</span>' in quiet
-    assert "its attempts are failed as lost from" in quiet
+    assert "failed as lost from" in quiet
     assert "(in 9." in quiet or "(in 10." in quiet  # 30 s after its last beat
     assert f'href="{job_url(job)}"' in quiet
     assert "lost in" in quiet
     gone = row(html, "gone")
     assert f'href="{job_url(young)}"' in gone
     assert "lost in 19." in gone or "lost in 20." in gone  # 30 s after the attempt began
-    assert "Silent after 15.0 s without a heartbeat" in html
 
     empty = beat("empty", seconds_ago=45)
-    assert "nothing to rescue" in row(client.get(URL).content.decode(), empty.pk)
+    assert "holds nothing: forgotten after 30.0 s of silence" in row(
+        client.get(URL).content.decode(), empty.pk
+    )
 
 
 def test_filters_by_host_queue_and_status(client):

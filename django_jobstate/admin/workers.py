@@ -114,17 +114,17 @@ class StatusFilter(admin.SimpleListFilter):
 @admin.register(WorkerHeartbeat)
 class WorkerHeartbeatAdmin(admin.ModelAdmin):
     list_display = [
-        *["worker", "host", "pid", "supervised_by", "queue_names", "concurrency"],
-        *["in_flight", "started", "last_beat", "holds"],
+        *["worker", "process", "supervised_by", "queue_names", "last_beat", "holds"],
     ]
     list_display_links = None
     list_filter = ["host", QueueFilter, StatusFilter]
     search_fields = ["worker_id", "host", "supervisor"]
     ordering = ["host", "worker_id"]
     list_per_page = 50
+    show_facets = admin.ShowFacets.NEVER  # a count per choice, for a page read in an incident
     fields = [
         *["worker_id", "host", "pid", "supervisor", "supervisor_pid", "queues"],
-        *["concurrency", "in_flight", "started_at", "last_beat", "holds"],
+        *["concurrency", "in_flight", "started", "last_beat", "holds"],
     ]
     readonly_fields = fields
 
@@ -158,7 +158,7 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
         settings = get_settings()
         context = {
             "title": _("Workers"),
-            "subtitle": _(
+            "rules": _(
                 "Silent after %(silent)s without a heartbeat; their attempts are failed as "
                 "lost %(lost)s after the last one (JOBSTATE_LOST_AFTER), by a running runjobs."
             )
@@ -185,26 +185,37 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
             '<a class="jobstate-worker-id" href="{}">{}</a> {}', url, worker.worker_id, status
         )
 
-    @admin.display(description=gettext_lazy("supervisor"), ordering="supervisor")
-    def supervised_by(self, worker: WorkerHeartbeat) -> SafeString:
-        if not worker.supervisor:
-            return format_html("<em>{}</em>", _("in-process"))
+    @admin.display(description=gettext_lazy("host, pid"), ordering="host")
+    def process(self, worker: WorkerHeartbeat) -> SafeString:
         return format_html(
             '<span class="jobstate-worker-id">{}</span><br>{}',
+            worker.host,
+            _("pid %(pid)s") % {"pid": worker.pid},
+        )
+
+    @admin.display(description=gettext_lazy("supervisor"), ordering="supervisor")
+    def supervised_by(self, worker: WorkerHeartbeat) -> SafeString:
+        in_flight = _("in flight %(n)s") % {"n": worker.in_flight or 1}
+        if not worker.supervisor:
+            return format_html("<em>{}</em><br>{}", _("in-process"), in_flight)
+        return format_html(
+            '<span class="jobstate-worker-id">{}</span><br>{}<br>{}<br>{}',
             worker.supervisor,
             _("pid %(pid)s") % {"pid": worker.supervisor_pid or "?"},
+            _("concurrency %(n)s") % {"n": worker.concurrency or "?"},
+            in_flight,
         )
 
     @admin.display(description=gettext_lazy("queues"), ordering="queues")
     def queue_names(self, worker: WorkerHeartbeat) -> str:
-        return ", ".join(worker.queues) if worker.queues else _("all")
+        return ", ".join(sorted(worker.queues)) if worker.queues else _("all")
 
     @admin.display(description=gettext_lazy("started"), ordering="started_at")
     def started(self, worker: WorkerHeartbeat) -> SafeString:
         return format_html(
             '<span title="{}">{}</span>',
             short_datetime(worker.started_at),
-            relative(worker.started_at, worker.db_now),  # type: ignore[attr-defined]
+            _("started %(when)s") % {"when": relative(worker.started_at, worker.db_now)},  # type: ignore[attr-defined]
         )
 
     @admin.display(description=gettext_lazy("last beat"), ordering="last_seen")
@@ -214,14 +225,18 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
             short_datetime(worker.last_seen),
             _("%(time)s ago") % {"time": format_duration(silence(worker))},
         )
+        ago = format_html('{}<br><span class="jobstate-quiet">{}</span>', ago, self.started(worker))
         if not is_silent(worker):
             return ago
         held: list[Job] = worker.held  # type: ignore[attr-defined]
         if not held:
-            note = _("nothing to rescue; its row is removed by the next rescue")
+            lost_after = timedelta(seconds=get_settings().LOST_AFTER)
+            note = _("holds nothing: forgotten after %(time)s of silence") % {
+                "time": format_duration(lost_after)
+            }
         else:
             due = min(rescue_at(worker, job) for job in held)
-            note = _("its attempts are failed as lost from %(at)s (%(when)s)") % {
+            note = _("failed as lost from %(at)s (%(when)s)") % {
                 "at": short_datetime(due),
                 "when": relative(due, worker.db_now),  # type: ignore[attr-defined]
             }
