@@ -221,7 +221,24 @@ def test_the_page_costs_the_same_queries_for_one_worker_or_many(client):
     with CaptureQueriesContext(connection) as many:
         assert client.get(URL).status_code == 200
     assert len(many) == len(one)
-    assert sum(Job._meta.db_table in q["sql"] for q in many) == 1
+    # What the shown workers hold, and the attempts of workers with no heartbeat row.
+    assert sum(Job._meta.db_table in q["sql"] for q in many) == 2
+
+
+def test_attempts_of_workers_with_no_heartbeat_are_listed_with_their_rescue(client):
+    login(client, "view")
+    beat("alive")
+    held("alive")
+    orphan = held("<b>vanished</b>", seconds=10, task_path="tests.tasks.<i>x</i>")
+
+    html = client.get(URL).content.decode()
+
+    [banner] = html.split('<div class="jobstate-unseen">')[1:]
+    banner = banner.split("</div>")[0]
+    assert f'<a href="{job_url(orphan)}" title="tests.tasks.&lt;i&gt;x&lt;/i&gt;">' in banner
+    assert "&lt;b&gt;vanished&lt;/b&gt;" in banner
+    assert "lost in 19." in banner or "lost in 20." in banner  # 30 s after it began
+    assert banner.count("<li>") == 1
 
 
 def plan_reads(sql: str) -> set[tuple[str, str | None]]:
@@ -277,13 +294,15 @@ def test_the_page_reads_held_attempts_through_an_index_never_history():
         html = client.get(URL).content.decode()
     assert row(html, "web-1/0").count("<li>") == 3
 
-    [sql] = [q["sql"] for q in queries if Job._meta.db_table in q["sql"]]
-    reads = plan_reads(sql)
-    assert reads, sql
-    if connection.vendor == "postgresql":
-        assert {index for _, index in reads} == {"jobstate_job_running"}
-        assert not any(kind == "Seq Scan" for kind, _ in reads)
-    elif mysql:  # no partial index: the worker_id index or the claim order's (state first)
-        assert all(access != "ALL" and key for access, key in reads), reads
-    else:
-        assert all(index for _, index in reads), reads
+    sqls = [q["sql"] for q in queries if Job._meta.db_table in q["sql"]]
+    assert len(sqls) == 2  # held by the shown workers; held by workers with no heartbeat
+    for sql in sqls:
+        reads = plan_reads(sql)
+        assert reads, sql
+        if connection.vendor == "postgresql":
+            assert {index for _, index in reads} == {"jobstate_job_running"}, sql
+            assert not any(kind == "Seq Scan" for kind, _ in reads), sql
+        elif mysql:  # no partial index: the worker_id index or the claim order's (state first)
+            assert all(access != "ALL" and key for access, key in reads), (sql, reads)
+        else:
+            assert all(index for _, index in reads), (sql, reads)

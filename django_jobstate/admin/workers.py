@@ -25,19 +25,8 @@ from ..conf import get_settings
 from ..dbclock import Now
 from ..models import Job, WorkerHeartbeat
 from ..runner.stuck import silent_after
+from .held import attach_attempts, is_silent, relative, rescue_at, silence, unseen_html
 from .page import format_duration, short_datetime
-
-
-def attach_attempts(workers: list[WorkerHeartbeat]) -> None:
-    """Give each worker `held`: the running attempts it holds, oldest first (one query)."""
-    held: dict[str, list[Job]] = {worker.worker_id: [] for worker in workers}
-    if held:
-        fields = ["task_path", "queue_name", "attempt", "started_at", "worker_id"]
-        attempts = Job.objects.running().filter(worker_id__in=list(held))
-        for job in attempts.only(*fields, "timeout", "cancel_requested_at").order_by("pk"):
-            held[job.worker_id].append(job)  # type: ignore[index]  # running: never NULL
-    for worker in workers:
-        worker.held = sorted(held[worker.worker_id], key=lambda j: (j.started_at, j.pk))  # type: ignore[attr-defined]
 
 
 class WorkerChangeList(ChangeList):
@@ -46,28 +35,6 @@ class WorkerChangeList(ChangeList):
         rows: list[WorkerHeartbeat] = list(self.result_list)
         attach_attempts(rows)
         self.result_list = rows
-
-
-def silence(worker: WorkerHeartbeat) -> timedelta:
-    """How long the worker has not beaten, by the database clock (never negative)."""
-    return max(timedelta(0), worker.db_now - worker.last_seen)  # type: ignore[attr-defined]
-
-
-def is_silent(worker: WorkerHeartbeat) -> bool:
-    return silence(worker) > timedelta(seconds=silent_after())
-
-
-def rescue_at(worker: WorkerHeartbeat, job: Job) -> datetime:
-    """When a rescuer may fail `job` as lost at the earliest (managers/settle.rescue_lost):
-    its worker silent, and the attempt started, JOBSTATE_LOST_AFTER seconds before."""
-    lost_after = timedelta(seconds=get_settings().LOST_AFTER)
-    return max(worker.last_seen, job.started_at or worker.last_seen) + lost_after
-
-
-def relative(value: datetime, now: datetime) -> str:
-    if value > now:
-        return _("in %(time)s") % {"time": format_duration(value - now)}
-    return _("%(time)s ago") % {"time": format_duration(now - value)}
 
 
 class QueueFilter(admin.SimpleListFilter):
@@ -166,6 +133,7 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
                 "silent": format_duration(timedelta(seconds=silent_after(settings))),
                 "lost": format_duration(timedelta(seconds=settings.LOST_AFTER)),
             },
+            "unseen": unseen_html(),
             **(extra_context or {}),
         }
         return super().changelist_view(request, context)
