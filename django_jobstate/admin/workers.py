@@ -37,6 +37,12 @@ class WorkerChangeList(ChangeList):
         self.result_list = rows
 
 
+FIELDS = [
+    *["worker_id", "host", "pid", "supervisor", "supervisor_pid", "queues"],
+    *["concurrency", "in_flight", "started", "last_beat", "holds"],
+]
+
+
 class QueueFilter(admin.SimpleListFilter):
     """The workers that take jobs from a queue: those named for it, and those serving all."""
 
@@ -89,11 +95,8 @@ class WorkerHeartbeatAdmin(admin.ModelAdmin):
     ordering = ["host", "worker_id"]
     list_per_page = 50
     show_facets = admin.ShowFacets.NEVER  # a count per choice, for a page read in an incident
-    fields = [
-        *["worker_id", "host", "pid", "supervisor", "supervisor_pid", "queues"],
-        *["concurrency", "in_flight", "started", "last_beat", "holds"],
-    ]
-    readonly_fields = fields
+    fields = tuple(FIELDS)
+    readonly_fields = FIELDS
 
     class Media:
         css = {"all": ["django_jobstate/admin.css", "django_jobstate/workers.css"]}
