@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import timedelta
 
 from django.db import connections, models
@@ -12,14 +13,34 @@ from .dbclock import Now
 from .managers.conflicts import retries_conflicts
 
 
+@dataclass(frozen=True)
+class Process:
+    """Who beats for a worker: its `runjobs` supervisor (id, pid, --concurrency), or
+    nobody for a worker that runs in-process (supervisor ""); its --in-flight."""
+
+    supervisor: str = ""
+    supervisor_pid: int | None = None
+    concurrency: int | None = None
+    in_flight: int = 1
+
+
 class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
     @retries_conflicts
-    def beat(self, workers: dict[str, int], *, host: str, queues: list[str] | None) -> None:
+    def beat(
+        self,
+        workers: dict[str, int],
+        *,
+        host: str,
+        queues: list[str] | None,
+        process: Process | None = None,
+    ) -> None:
         """Say that the workers `{worker_id: pid}` are alive now, registering the new ones.
 
         One UPDATE for all of them; an INSERT only for those that have no row yet (new, or
-        forgotten as lost while they could not beat).
+        forgotten as lost while they could not beat). `process` describes who beats, for
+        the Workers page: written with the row, never changed after.
         """
+        process = process or Process()
         if self.filter(worker_id__in=workers).update(last_seen=Now()) == len(workers):
             return
         # One INSERT ... ON CONFLICT, not a read then a write: SQLite would refuse that
@@ -36,6 +57,10 @@ class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
                     queues=queues,
                     started_at=now,
                     last_seen=now,
+                    supervisor=process.supervisor,
+                    supervisor_pid=process.supervisor_pid,
+                    concurrency=process.concurrency,
+                    in_flight=process.in_flight,
                 )
                 for worker_id, pid in workers.items()
             ],
@@ -70,6 +95,19 @@ class WorkerHeartbeat(models.Model):
     queues = models.JSONField(_("queues"), null=True, blank=True, help_text=_("null: all"))
     started_at = models.DateTimeField(_("started at"))
     last_seen = models.DateTimeField(_("last seen"))
+    # Who runs the worker (the Workers page): its `runjobs` supervisor, which beats for it,
+    # or "" for a worker run in-process (Worker.run()), which beats for itself. Set when
+    # the row is inserted; db_default so that a runner of an older version still inserts.
+    supervisor = models.CharField(
+        _("supervisor"), max_length=64, blank=True, default="", db_default=""
+    )
+    supervisor_pid = models.PositiveIntegerField(_("supervisor pid"), null=True, blank=True)
+    concurrency = models.PositiveIntegerField(
+        _("concurrency"), null=True, blank=True, help_text=_("its supervisor's worker processes")
+    )
+    in_flight = models.PositiveIntegerField(
+        _("in flight"), null=True, blank=True, help_text=_("attempts it runs at once, at most")
+    )
 
     objects = WorkerHeartbeatManager()
 

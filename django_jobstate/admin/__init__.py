@@ -1,5 +1,6 @@
 """The admin: the job list and each job's page (jobs.py, with its actions in actions.py and
 retry.py, its filters in filters.py, the page's parts in page.py), the Queues page
-(queues.py) and the Schedules page (schedules.py)."""
+(queues.py), the Schedules page (schedules.py) and the Workers page (workers.py, its
+reads in held.py)."""
 
-from . import jobs, queues, schedules  # noqa: F401  (each registers its ModelAdmin)
+from . import jobs, queues, schedules, workers  # noqa: F401  (each registers its ModelAdmin)

@@ -22,6 +22,7 @@ import time
 from django.db import DatabaseError
 
 from ..conf import get_settings
+from ..heartbeats import Process
 from ..managers import close_connection
 from ..models import Job, WorkerHeartbeat
 
@@ -43,12 +44,14 @@ class Pulse:
         self._last_beat: float | None = None  # monotonic time of the last beat that landed
         self._connected_since: float | None = None
 
-    def beat(self, workers: dict[str, int], queues: list[str] | None) -> None:
+    def beat(
+        self, workers: dict[str, int], queues: list[str] | None, process: Process | None = None
+    ) -> None:
         """Heartbeat for `workers` ({worker_id: pid}); a failure is logged, not raised."""
         if not workers:
             return
         try:
-            WorkerHeartbeat.objects.beat(workers, host=self.host, queues=queues)
+            WorkerHeartbeat.objects.beat(workers, host=self.host, queues=queues, process=process)
         except DatabaseError:
             self._connected_since = None
             logger.warning(

@@ -14,6 +14,7 @@ fails with that refusal instead: Settle.fail_refused()).
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -79,11 +80,18 @@ class Monitor(threading.Thread):
         self._wake.set()
 
     def run(self) -> None:
+        from ..heartbeats import Process
         from ..managers import close_connection
         from .cancels import pass_cancel_requests
         from .liveness import Pulse
 
         pulse = Pulse(f"Supervisor {self.supervisor.base_id}")
+        process = Process(
+            supervisor=self.supervisor.base_id[:64],
+            supervisor_pid=os.getpid(),
+            concurrency=self.supervisor.concurrency,
+            in_flight=self.supervisor.options.get("in_flight", 1),
+        )
         interval = pulse.settings.HEARTBEAT_INTERVAL
         next_beat = time.monotonic()
         try:
@@ -96,7 +104,7 @@ class Monitor(threading.Thread):
                     self._beat_now = False
                     next_beat = time.monotonic() + interval
                     workers = self.supervisor.workers
-                    pulse.beat(workers, self.supervisor.options.get("queues"))
+                    pulse.beat(workers, self.supervisor.options.get("queues"), process)
                     pulse.rescue(list(workers))
                 if beat or self._cancels_now:
                     self._cancels_now = False

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections
 
+from ..heartbeats import Process
 from ..managers import close_connection, connection_lost
 from ..models import Job, WorkerHeartbeat
 from .cancels import pass_cancel_requests
@@ -69,7 +70,8 @@ class Watchdog(threading.Thread):
             close_connection()
 
     def beat(self) -> None:
-        self.pulse.beat({self.worker.worker_id: os.getpid()}, self.worker.queues)
+        process = Process(in_flight=self.worker.in_flight)
+        self.pulse.beat({self.worker.worker_id: os.getpid()}, self.worker.queues, process)
 
     def _time_out(self) -> None:
         for pk in list(self._overdue):

@@ -1,0 +1,111 @@
+"""The Workers page in a real browser (Debian's headless Chromium), beside a real `runjobs`.
+The browser fixture and its rules are test_admin_browser's."""
+
+import time
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission, User
+
+from django_jobstate.dbclock import Now
+from django_jobstate.models import Job, WorkerHeartbeat
+from django_jobstate.states import State
+from tests import tasks
+from tests.factories import JobFactory
+from tests.test_admin_browser import ARTIFACTS, browser, click_and_load
+
+__all__ = ["browser"]  # the fixture
+
+
+def wait_for(predicate, what: str, timeout: float = 60.0):
+    """A safety net only: each wait ends at the event, however slow the machine."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.1)
+    return value
+
+
+def fits(driver) -> bool:
+    """No column of the list is cut off: the table is no wider than what shows it."""
+    return driver.execute_script(
+        "const box = document.querySelector('#changelist .results');"
+        "return box.scrollWidth <= box.clientWidth"
+        " && box.getBoundingClientRect().right <= document.documentElement.clientWidth;"
+    )
+
+
+def shot(driver, name: str, width: int, height: int) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.set_window_size(width, height)
+    assert driver.save_screenshot(str(ARTIFACTS / name))
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_operator_sees_a_running_worker_and_the_job_it_holds(
+    browser, live_server, runjobs, settings
+):
+    from selenium.webdriver.common.by import By
+
+    # How the page judges silence (the runjobs process keeps the tests' quick beats): a
+    # loaded machine's late beat must not make the worker look silent.
+    settings.JOBSTATE_HEARTBEAT_INTERVAL = 5.0
+    settings.JOBSTATE_LOST_AFTER = 30.0
+    driver = browser
+    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
+    operator.user_permissions.set(
+        Permission.objects.filter(codename__in=["view_workerheartbeat", "view_job"])
+    )
+    result = tasks.sleep_then_record.using(queue_name="emails").enqueue("held", 600)
+    proc = runjobs.start("--queue", "emails", "--queue", "default", "--concurrency", "2")
+    job = wait_for(
+        lambda: Job.objects.filter(result_id=result.id, state=State.RUNNING).first(),
+        f"the worker to start the job; runjobs said:\n{runjobs.output(proc)}",
+    )
+    wait_for(lambda: WorkerHeartbeat.objects.count() == 2, "both workers' heartbeats")
+    # And a worker elsewhere that went silent 20 s ago, holding an attempt.
+    silent = "db-2:77:0badc0de/0.1"
+    WorkerHeartbeat.objects.beat({silent: 78}, host="db-2", queues=["reports"])
+    WorkerHeartbeat.objects.filter(pk=silent).update(last_seen=Now() - timedelta(seconds=20))
+    stuck = JobFactory.in_state(
+        State.RUNNING, worker_id=silent, task_path="tests.tasks.record", queue_name="reports"
+    )
+
+    driver.get(f"{live_server.url}/admin/django_jobstate/workerheartbeat/")
+    driver.find_element(By.NAME, "username").send_keys("operator")
+    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    rows = {
+        row.find_element(By.CSS_SELECTOR, ".field-worker a").text: row
+        for row in driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    }
+    assert set(rows) == set(WorkerHeartbeat.objects.values_list("worker_id", flat=True))
+    holder = rows[job.worker_id]
+    assert "BEATING" in holder.find_element(By.CSS_SELECTOR, ".field-worker").text
+    assert holder.find_element(By.CSS_SELECTOR, ".field-queue_names").text == "default, emails"
+    assert (
+        f"pid {WorkerHeartbeat.objects.get(pk=job.worker_id).pid}"
+        in holder.find_element(By.CSS_SELECTOR, ".field-process").text
+    )
+    supervisor = holder.find_element(By.CSS_SELECTOR, ".field-supervised_by").text
+    assert f"pid {proc.pid}" in supervisor
+    assert "concurrency 2" in supervisor
+    link = holder.find_element(By.CSS_SELECTOR, ".field-holds a")
+    assert link.text == f"#{job.pk} sleep_then_record"
+    [idle] = [row for worker_id, row in rows.items() if worker_id not in (job.worker_id, silent)]
+    assert idle.find_element(By.CSS_SELECTOR, ".field-holds").text == "idle"
+
+    lost = rows[silent].text
+    assert "SILENT" in lost
+    assert "failed as lost from" in lost
+    assert f"#{stuck.pk} record" in lost
+
+    shot(driver, "admin-workers-1366x768.png", 1366, 768)
+    assert fits(driver)
+    shot(driver, "admin-workers-390.png", 390, 844)
+    assert fits(driver)
+    driver.set_window_size(1440, 1000)
+
+    click_and_load(driver, link)
+    assert f"/admin/django_jobstate/job/{job.pk}/change/" in driver.current_url
