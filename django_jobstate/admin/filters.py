@@ -189,9 +189,10 @@ class StuckFilter(admin.SimpleListFilter):
         ]
 
     def queryset(self, request: HttpRequest, queryset: QuerySet[Any]) -> QuerySet[Any]:
-        if self.value() not in {value for value, _label in self.lookups(request, None)}:
+        value = self.value()
+        if value is None or value not in {v for v, _label in self.lookups(request, None)}:
             return queryset
-        return queryset.filter(stuck(Concern(self.value())))
+        return queryset.filter(stuck(Concern(value)))
 
 
 class CalendarQuerySet:

@@ -103,7 +103,11 @@ class JobAdmin(RetryActions, admin.ModelAdmin):
         "worker_id",
     ]
     list_filter = [
-        *["state", StuckFilter, FailureReasonFilter, QueueFilter, TaskFilter],
+        "state",
+        StuckFilter,
+        FailureReasonFilter,
+        QueueFilter,
+        TaskFilter,
         HasRetriesFilter,
     ]
     search_fields = ["task_path", "worker_id__exact"]  # and ids: see get_search_results()

@@ -144,7 +144,7 @@ def why_stuck(job: Job) -> list[Mark]:
         if fresh is None:
             return []  # it moved on meanwhile
         job = fresh
-    now: datetime = job.db_now
+    now: datetime = job.db_now  # type: ignore[attr-defined]
     if job.state == State.QUEUED:
         paused_at: datetime | None = job.queue_paused_at  # type: ignore[attr-defined]
         if paused_at is None:
