@@ -1,5 +1,7 @@
 """The job admin through the Django test client: permissions, actions, races, the pages."""
 
+import html
+import re
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -49,9 +51,35 @@ def login(client: Client, *perms: str, superuser: bool = False) -> User:
     return user
 
 
+CONFIRM_TEMPLATE = "admin/django_jobstate/job/confirm_action.html"
+
+
+def confirmation_form(response) -> tuple[str, list[tuple[str, str]]]:
+    """The confirmation page's form: where it posts, and its hidden fields."""
+    assert response.status_code == 200
+    assert CONFIRM_TEMPLATE in [t.name for t in response.templates]
+    form = response.content.decode().split('<form method="post" action="')[1].split("</form>")[0]
+    action = html.unescape(form.split('"')[0])
+    fields = re.findall(r'<input type="hidden" name="([^"]*)" value="([^"]*)">', form)
+    return action, [(html.unescape(n), html.unescape(v)) for n, v in fields]
+
+
+def confirm(client: Client, response):
+    """Press the confirmation page's Yes: post its form as the browser would."""
+    action, fields = confirmation_form(response)
+    data: dict[str, list[str]] = {}
+    for name, value in fields:
+        data.setdefault(name, []).append(value)
+    return client.post(action, data)
+
+
 def run_action(client: Client, action: str, *jobs: Job, url: str = LIST_URL, **extra: str):
+    """Run a list action as an operator does: choose it, then confirm it when asked."""
     data = {"action": action, "index": "0", ACTION_CHECKBOX_NAME: [j.pk for j in jobs], **extra}
-    return client.post(url, data)
+    response = client.post(url, data)
+    if response.status_code == 200 and CONFIRM_TEMPLATE in [t.name for t in response.templates]:
+        return confirm(client, response)
+    return response
 
 
 def messages_of(response) -> list[str]:
@@ -139,25 +167,41 @@ def cancel_url(job: Job) -> str:
     return reverse("admin:django_jobstate_job_cancel", args=[job.pk])
 
 
-def test_a_live_job_is_cancelled_from_its_page_with_the_delete_permission(client):
+def test_a_live_job_is_cancelled_from_its_page_with_the_change_permission(client):
     queued, running = JobFactory.in_state(State.QUEUED), JobFactory.in_state(State.RUNNING)
-    login(client, "view")
-    assert client.post(cancel_url(queued)).status_code == 403
-    assert cancel_url(queued) not in client.get(change_url(queued)).content.decode()
+    for perms in [("view",), ("view", "delete")]:  # delete no longer stops work
+        login(client, *perms)
+        assert client.post(cancel_url(queued)).status_code == 403
+        assert client.post(cancel_url(queued), {"confirm": "yes"}).status_code == 403
+        assert client.get(cancel_url(queued)).status_code == 403
+        assert cancel_url(queued) not in client.get(change_url(queued)).content.decode()
+    assert Job.objects.get(pk=queued.pk).state == State.QUEUED
 
-    user = login(client, "view", "delete")
-    assert "Cancel: it will never run" in client.get(change_url(queued)).content.decode()
-    assert client.get(cancel_url(queued)).status_code == 405  # POST only
-    response = client.post(cancel_url(queued), follow=True)
+    user = login(client, "view", "change")
+    page = client.get(change_url(queued)).content.decode()
+    assert f'<a href="{cancel_url(queued)}" class="button jobstate-cancel-button">' in page
+    assert "Cancel: it will never run" in page
+    asked = client.get(cancel_url(queued))  # the button: a page that asks first
+    said = f"Job #{queued.pk} is queued: it will fail as cancelled and never run."
+    assert said in asked.content.decode()
+    assert client.post(cancel_url(queued)).status_code == 200  # unconfirmed: asks again
+    assert Job.objects.get(pk=queued.pk).state == State.QUEUED
+    response = confirm(client, asked)
     assert "it will never run" in messages_of(response)[0]
     cancelled = Job.objects.get(pk=queued.pk)
     assert (cancelled.state, cancelled.failure_reason) == (State.FAILED, "cancelled")
-    html = client.get(change_url(queued)).content.decode()
-    assert f"by {user.username}" in html  # who asked, from the admin's log
-    assert cancel_url(queued) not in html
+    html_page = client.get(change_url(queued)).content.decode()
+    assert f"by {user.username}" in html_page  # who asked, from the admin's log
+    assert cancel_url(queued) not in html_page
 
     assert "Cancel: ask it to stop" in client.get(change_url(running)).content.decode()
-    response = client.post(cancel_url(running), follow=True)
+    asked = client.get(cancel_url(running))
+    text = asked.content.decode()
+    assert f"Job #{running.pk} is running on worker factory-worker: it will be asked to stop" in (
+        text
+    )
+    assert Job.objects.get(pk=running.pk).cancel_requested_at is None  # asking wrote nothing
+    response = confirm(client, asked)
     assert "asked to stop" in messages_of(response)[0]
     assert Job.objects.get(pk=running.pk).cancel_requested_at is not None
     assert "cancel requested" in client.get(LIST_URL).content.decode()  # the list's badge
@@ -165,7 +209,10 @@ def test_a_live_job_is_cancelled_from_its_page_with_the_delete_permission(client
 
     done = JobFactory.in_state(State.SUCCEEDED)
     assert cancel_url(done) not in client.get(change_url(done)).content.decode()
-    response = client.post(cancel_url(done), follow=True)
+    page = client.get(cancel_url(done)).content.decode()
+    assert "has finished: there is nothing to cancel" in page
+    assert 'value="Yes' not in page
+    response = client.post(cancel_url(done), {"confirm": "yes"}, follow=True)
     assert "already finished" in messages_of(response)[0]
 
 
@@ -194,18 +241,20 @@ def test_actions_follow_the_change_and_delete_permissions(client):
         return {name for name, _label in form.fields["action"].choices if name} if form else set()
 
     login(client, "view", "change")
-    assert offered() == {"retry_jobs", "retry_jobs_cancelled_too", "run_now"}
+    assert offered() == {"retry_jobs", "retry_jobs_cancelled_too", "run_now", "cancel_jobs"}
     login(client, "view", "delete")
-    assert offered() == {"cancel_jobs"}  # and never the stock bulk delete
+    assert offered() == set()  # never the stock bulk delete, nor a cancel: it stops work
     login(client, superuser=True)
     assert offered() == {"retry_jobs", "retry_jobs_cancelled_too", "run_now", "cancel_jobs"}
 
 
-def test_change_permission_alone_cannot_cancel(client):
-    login(client, "view", "change")
+def test_delete_permission_alone_cannot_cancel(client):
+    login(client, "view", "delete")
     job = JobFactory.in_state(State.QUEUED)
+    before = row(job)
     run_action(client, "cancel_jobs", job)
-    assert Job.objects.filter(pk=job.pk).exists()
+    run_action(client, "cancel_jobs", job, confirm="yes")
+    assert row(job) == before
 
 
 def test_delete_permission_alone_cannot_retry(client):
@@ -228,7 +277,7 @@ def test_retry_creates_the_next_attempt_and_leaves_the_failed_one(client):
     new = Job.objects.get(previous=failed)
     assert messages_of(response) == [
         f'Queued a new attempt for 1 of 2 selected jobs: <a href="{change_url(new)}">'
-        f"job #{new.pk}</a> (attempt 2); skipped 1 (not failed, or already retried)."
+        f"job #{new.pk}</a> (attempt 2); skipped 1 (not failed)."
     ]
     assert row(failed) == before
     assert (new.state, new.attempt, new.result_id) == (State.QUEUED, 2, failed.result_id)
@@ -243,7 +292,7 @@ def test_retry_skips_a_job_already_retried_by_someone_else(client):
     Job.objects.retry(failed)  # ... while another operator retries it first
     response = run_action(client, "retry_jobs", failed)
     assert messages_of(response) == [
-        "Queued a new attempt for 0 of 1 selected job; skipped 1 (not failed, or already retried)."
+        "Queued a new attempt for 0 of 1 selected job; skipped 1 (already retried)."
     ]
     assert Job.objects.filter(result_id=failed.result_id).count() == 2
 
@@ -279,7 +328,7 @@ def test_bulk_retry_never_resurrects_a_cancel_and_says_so(client):
     links = ", ".join(f'<a href="{change_url(j)}">job #{j.pk}</a>' for j in reversed(cancelled))
     assert messages_of(response) == [
         f'Queued a new attempt for 1 of 3 selected jobs: <a href="{change_url(new)}">'
-        f"job #{new.pk}</a> (attempt 2); skipped 2 (2 cancelled: this action never retries "
+        f"job #{new.pk}</a> (attempt 2); skipped 2 (cancelled: this action never retries "
         "a cancel).",
         f"Not retried, as they were cancelled: {links}. To run a cancelled job again, use the "
         "Retry button of its page, or the action \u201cRetry the selected failed jobs, "
@@ -318,7 +367,8 @@ def test_retry_skips_a_job_whose_unique_key_another_job_holds(client):
     failed, newer = failed_unique_job_and_its_newer_duplicate()
     response = run_action(client, "retry_jobs", failed)
     assert messages_of(response) == [
-        "Queued a new attempt for 0 of 1 selected job; skipped 1 (not failed, or already retried).",
+        "Queued a new attempt for 0 of 1 selected job; skipped 1 (another job holds the unique "
+        "key).",
         f'Not retried, as another job holds the unique key: <a href="{change_url(failed)}">'
         f'job #{failed.pk}</a>: <a href="{change_url(newer)}">job #{newer.pk}</a> with the '
         f"same unique key is queued.",
@@ -380,7 +430,7 @@ def test_run_now_skips_a_job_claimed_after_the_list_was_shown(client):
 
 
 def test_cancel_fails_queued_jobs_asks_running_ones_to_stop_and_skips_finished_ones(client):
-    user = login(client, "view", "delete")
+    user = login(client, "view", "change")
     queued, running = JobFactory.in_state(State.QUEUED), JobFactory.in_state(State.RUNNING)
     finished = [JobFactory.in_state(state) for state in (State.SUCCEEDED, State.FAILED)]
     before = [row(job) for job in finished]
@@ -397,7 +447,7 @@ def test_cancel_fails_queued_jobs_asks_running_ones_to_stop_and_skips_finished_o
 
 
 def test_cancel_of_a_job_claimed_after_the_list_was_shown_asks_it_to_stop(client):
-    login(client, "view", "delete")
+    login(client, "view", "change")
     job = JobFactory.in_state(State.QUEUED)
     assert job in client.get(LIST_URL + "?state__exact=queued").context["cl"].result_list
     assert [claimed.pk for claimed in Job.objects.claim("w1")] == [job.pk]
@@ -412,7 +462,7 @@ def test_cancel_of_a_job_claimed_after_the_list_was_shown_asks_it_to_stop(client
 
 def test_cancel_of_a_job_claimed_during_the_action_asks_it_to_stop(client, monkeypatch):
     """The worker wins between the action's read and the conditional write."""
-    login(client, "view", "delete")
+    login(client, "view", "change")
     job = JobFactory.in_state(State.QUEUED)
     cancel = Job.objects.cancel
 
@@ -427,7 +477,7 @@ def test_cancel_of_a_job_claimed_during_the_action_asks_it_to_stop(client, monke
 
 
 def test_cancel_skips_a_job_already_cancelled(client):
-    login(client, "view", "delete")
+    login(client, "view", "change")
     gone, kept = JobFactory.in_state(State.QUEUED), JobFactory.in_state(State.QUEUED)
     Job.objects.cancel(gone)
     response = run_action(client, "cancel_jobs", gone, kept)
@@ -438,7 +488,7 @@ def test_cancel_skips_a_job_already_cancelled(client):
 
 
 def test_actions_on_all_matching_jobs_count_what_they_selected(client):
-    login(client, "view", "delete")
+    login(client, "view", "change")
     queued = JobFactory.create_batch(3)
     JobFactory.in_state(State.SUCCEEDED)
     response = run_action(client, "cancel_jobs", queued[0], select_across="1")
@@ -697,14 +747,14 @@ def test_succeeded_job_page_shows_the_return_value_and_no_error_section(client):
 def test_cancel_button_beside_a_running_worker_never_fails(client, runjobs):
     """The cancel view reads the job, then writes it: on SQLite that must wait for the
     worker's commits, not fail with "database is locked" (a 500)."""
-    login(client, "view", "delete")
+    login(client, "view", "change")
     keep_a_worker_writing(runjobs)
     jobs = [tasks.email.enqueue(f"user{i}@example.com") for i in range(50)]  # not run
     failures = []
     for result in jobs:
         job = Job.objects.get(result_id=result.id)
         try:
-            response = client.post(cancel_url(job))
+            response = client.post(cancel_url(job), {"confirm": "yes"})
         except OperationalError as exc:
             failures.append(str(exc))
         else:

@@ -161,6 +161,12 @@ def test_operator_finds_a_failed_job_and_retries_it(browser, live_server):
     click_and_load(
         driver, driver.find_element(By.CSS_SELECTOR, "#changelist-form button[name=index]")
     )
+    # It asks first, saying what will happen; nothing is written until the operator agrees.
+    plan = driver.find_element(By.CSS_SELECTOR, ".jobstate-plan").text
+    assert plan == "1 failed job will get a new attempt.", plan
+    assert not Job.objects.filter(previous=failed).exists()
+    screenshot(driver, "admin-retry-confirmation.png")
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, ".jobstate-confirm [type=submit]"))
     # It lands on the new attempt, which the "failed" filter would have hidden.
     new = Job.objects.get(previous=failed)
     assert (new.state, new.attempt) == (State.QUEUED, 3)

@@ -5,6 +5,7 @@ Each reports what it moved, and how many jobs it skipped because the job had mov
 first (a worker claimed it, another operator got there, ...).
 """
 
+from collections import Counter
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -28,7 +29,8 @@ from ..dbclock import Now
 from ..managers import CancelOutcome
 from ..models import Job
 from ..querysets import JobQuerySet
-from ..states import State
+from ..states import LIVE_STATES, State
+from . import bulk
 
 if TYPE_CHECKING:
     from django_stubs_ext import StrOrPromise
@@ -54,6 +56,22 @@ def state_phrase(job: Job) -> "StrOrPromise":
     }[State(job.state)]
 
 
+def cancel_one_text(job: Job) -> str:
+    """What cancelling `job` will do, for its confirmation page."""
+    if job.state == State.QUEUED:
+        return _("Job #%(pk)d is queued: it will fail as cancelled and never run.") % {"pk": job.pk}
+    if job.state == State.RUNNING:
+        text = _(
+            "Job #%(pk)d is running on worker %(worker)s: it will be asked to stop, and "
+            "stopped after %(grace)g seconds if it has not. Whatever it wrote so far stays "
+            "written, unless the task is atomic."
+        ) % {"pk": job.pk, "worker": job.worker_id, "grace": get_settings().CANCEL_GRACE}
+        if job.cancel_requested_at is not None:
+            text += " " + _("It was already asked to stop.")
+        return text
+    return _("Job #%(pk)d has finished: there is nothing to cancel.") % {"pk": job.pk}
+
+
 def attempt_text(job: Job) -> str:
     return _("attempt %(attempt)d") % {"attempt": job.attempt}
 
@@ -66,9 +84,8 @@ class JobActions(_Base):
         return super().has_change_permission(request)
 
     def has_cancel_permission(self, request: HttpRequest) -> bool:
-        """Cancel: the model's delete permission (a cancel deletes nothing: the job is
-        kept as a record; the permission is the one that cancelled jobs before)."""
-        return super().has_delete_permission(request)
+        """Cancel: the change permission too, as every action that starts or stops work."""
+        return self.has_operate_permission(request)
 
     def get_urls(self) -> list[URLPattern]:
         info = self.opts.app_label, self.opts.model_name
@@ -97,11 +114,15 @@ class JobActions(_Base):
         request: HttpRequest,
         object_id: str,
         may_act: Callable[[HttpRequest], bool],
+        *,
+        allow_get: bool = False,
     ) -> Job | HttpResponse:
-        """The job a button's POST acts on, or the response that refuses it: not a POST,
-        a job that is gone (a prune), or a user who may not see it or act on it."""
-        if request.method != "POST":
-            return HttpResponseNotAllowed(["POST"])
+        """The job a button's POST acts on, or the response that refuses it: not a POST
+        (nor a GET, for a button that asks first), a job that is gone (a prune), or a user
+        who may not see it or act on it."""
+        allowed = ["GET", "POST"] if allow_get else ["POST"]
+        if request.method not in allowed:
+            return HttpResponseNotAllowed(allowed)
         job = self.get_object(request, unquote(object_id))
         if job is None:
             gone = _("Job #%(pk)s does not exist (anymore: a prune may have deleted it).")
@@ -126,25 +147,38 @@ class JobActions(_Base):
         self.report(request, verb, selected, moved, _("no longer queued"))
 
     @admin.action(description=gettext_lazy("Cancel the selected jobs"), permissions=["cancel"])
-    def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> None:
+    def cancel_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> HttpResponse | None:
         """Queued jobs fail as cancelled (never started, kept as a record); running ones
-        are asked to stop, and stopped after JOBSTATE_CANCEL_GRACE."""
-        selected = self.selected_count(request, queryset)
-        if not BooleanField().to_python(request.POST.get("select_across")):
-            # The jobs ticked, wherever they are now: one claimed since the list was shown
-            # (filtered on "queued") is asked to stop, not skipped.
-            queryset = Job.objects.filter(pk__in=request.POST.getlist(ACTION_CHECKBOX_NAME))
-        outcomes = [self.cancel_by_hand(request, job) for job in queryset.live()]
-        done = sum(outcome != CancelOutcome.FINISHED for outcome in outcomes)
+        are asked to stop, and stopped after JOBSTATE_CANCEL_GRACE. Asked first; then in
+        chunks, each row by its own conditional write."""
+        jobs, selected = bulk.selection(request, queryset)
+        if not bulk.confirmed(request):
+            plan, counts = bulk.cancel_plan(jobs, selected)
+            button = ngettext("Yes, cancel %(n)d job", "Yes, cancel %(n)d jobs", plan.act) % {
+                "n": plan.act
+            }
+            return bulk.confirm(
+                self,
+                request,
+                title=_("Cancel the selected jobs?"),
+                summary=bulk.cancel_summary(plan, counts),
+                button=button,
+                acts=plan.act > 0,
+                hidden=bulk.action_fields(request),
+                back_url=request.get_full_path(),
+                examples=list(jobs.live().order_by("-pk")[: bulk.MAX_EXAMPLES]),
+            )
+        outcomes = Counter(self.cancel_by_hand(request, job) for job in bulk.in_chunks(jobs.live()))
+        done = outcomes[CancelOutcome.CANCELLED] + outcomes[CancelOutcome.REQUESTED]
         verb = ngettext(
             "Cancelled %(done)d of %(selected)d selected job",
             "Cancelled %(done)d of %(selected)d selected jobs",
             selected,
         )
-        requested = outcomes.count(CancelOutcome.REQUESTED)
-        if requested:
+        if requested := outcomes[CancelOutcome.REQUESTED]:
             verb += " " + _("(%(requested)d running: asked to stop)") % {"requested": requested}
         self.report(request, verb, selected, done, _("already finished"))
+        return None
 
     def cancel_by_hand(self, request: HttpRequest, job: Job) -> CancelOutcome:
         outcome = Job.objects.cancel(job)
@@ -154,10 +188,23 @@ class JobActions(_Base):
         return outcome
 
     def cancel_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
-        """The Cancel button of a queued or running job's page: POST only."""
-        job = self.posted_job(request, object_id, self.has_cancel_permission)
+        """The Cancel button of a queued or running job's page: a confirmation page that
+        says what will happen, then a POST that does it."""
+        job = self.posted_job(request, object_id, self.has_cancel_permission, allow_get=True)
         if not isinstance(job, Job):
             return job
+        if not bulk.confirmed(request):
+            return bulk.confirm(
+                self,
+                request,
+                title=_("Cancel job #%(pk)d?") % {"pk": job.pk},
+                summary=cancel_one_text(job),
+                button=_("Yes, cancel it"),
+                acts=job.state in LIVE_STATES,
+                hidden=[],
+                back_url=self.change_url(job),
+                examples=[job],
+            )
         outcome = self.cancel_by_hand(request, job)
         text = {
             CancelOutcome.CANCELLED: _("Job #%(pk)d was cancelled: it will never run."),

@@ -32,6 +32,7 @@ from .filters import (
     FailureReasonFilter,
     HasRetriesFilter,
     QueueFilter,
+    StuckFilter,
     TaskFilter,
     date_navigation,
     state_counts,
@@ -102,7 +103,14 @@ class JobAdmin(StartTaskAdmin, RetryActions, admin.ModelAdmin):
         "duration",
         "worker_id",
     ]
-    list_filter = ["state", FailureReasonFilter, QueueFilter, TaskFilter, HasRetriesFilter]
+    list_filter = [
+        "state",
+        StuckFilter,
+        FailureReasonFilter,
+        QueueFilter,
+        TaskFilter,
+        HasRetriesFilter,
+    ]
     search_fields = ["task_path", "worker_id__exact"]  # and ids: see get_search_results()
     search_help_text = _("A job id, a result id, a worker id, or part of a task's path.")
     date_hierarchy = "enqueued_at"

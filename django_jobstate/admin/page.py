@@ -52,14 +52,14 @@ class JobChangeList(ChangeList):
         super().get_results(request)
         rows: list[Job] = list(self.result_list)
         attach_hand_backs(rows)
-        running = [row.pk for row in rows if row.state == State.RUNNING]
-        if running:  # one query, by primary key
-            liveness = with_liveness(Job.objects.filter(pk__in=running))
+        live = [row.pk for row in rows if row.state in LIVE_STATES]
+        if live:  # one query, by primary key
+            liveness = with_liveness(Job.objects.filter(pk__in=live))
             seen = {j.pk: j for j in liveness.only("pk")}
             for row in rows:
                 if (fresh := seen.get(row.pk)) is not None:
-                    row.db_now = fresh.db_now  # type: ignore[attr-defined]
-                    row.worker_last_seen = fresh.worker_last_seen  # type: ignore[attr-defined]
+                    for name in ("db_now", "worker_last_seen", "queue_paused_at"):
+                        setattr(row, name, getattr(fresh, name))
         self.result_list = rows
 
 
@@ -93,6 +93,14 @@ def mark_text(mark: Mark) -> tuple[str, str]:
     """What the admin says of a Mark: a short text, and a sentence for its tooltip."""
     age, limit = format_duration(mark.age), format_duration(timedelta(seconds=mark.limit))
     settings = get_settings()
+    if mark.concern == Concern.QUEUE_PAUSED:
+        return (
+            _("waiting on a paused queue (paused %(age)s ago)") % {"age": age},
+            _(
+                "No worker claims a paused queue's jobs. Resume the queue on the Queues page, "
+                "or with: manage.py jobqueues resume NAME."
+            ),
+        )
     if mark.concern == Concern.SILENT:
         short = _("worker silent since %(since)s (%(age)s)") % {
             "since": short_datetime(mark.since),
@@ -126,7 +134,7 @@ def mark_text(mark: Mark) -> tuple[str, str]:
 
 
 def stuck_html(marks: list[Mark]) -> SafeString:
-    """why_stuck()'s marks, as shown beside a running attempt's state badge."""
+    """why_stuck()'s marks, as shown beside a live attempt's state badge."""
     return format_html_join(
         " ",
         '<span class="jobstate-stuck jobstate-stuck-{}" title="{}">{}</span>',

@@ -8,7 +8,6 @@ the job had moved on first (another operator retried it, a prune deleted it, ...
 import uuid
 
 from django.contrib import admin, messages
-from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect
 from django.urls import URLPattern, path
@@ -20,7 +19,9 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from ..exceptions import JobAlreadyEnqueued, LostRace
 from ..models import Job
+from ..querysets import JobQuerySet
 from ..states import LIVE_STATES, FailureReason, State
+from . import bulk
 from .actions import JobActions, attempt_text, state_phrase
 
 # After a retry, the message names this many new attempts, and the list shows up to
@@ -79,7 +80,7 @@ class RetryActions(JobActions):
     @admin.action(
         description=gettext_lazy("Retry the selected failed jobs"), permissions=["operate"]
     )
-    def retry_jobs(self, request: HttpRequest, queryset: QuerySet[Job]) -> HttpResponse | None:
+    def retry_jobs(self, request: HttpRequest, queryset: JobQuerySet) -> HttpResponse | None:
         """Retry each selected failure, but never a cancelled one: someone cancelled it so
         that it would not run, and a bulk retry must not undo that by the way."""
         return self.retry_selected(request, queryset, cancelled_too=False)
@@ -89,26 +90,64 @@ class RetryActions(JobActions):
         permissions=["operate"],
     )
     def retry_jobs_cancelled_too(
-        self, request: HttpRequest, queryset: QuerySet[Job]
+        self, request: HttpRequest, queryset: JobQuerySet
     ) -> HttpResponse | None:
         return self.retry_selected(request, queryset, cancelled_too=True)
 
     def retry_selected(
-        self, request: HttpRequest, queryset: QuerySet[Job], *, cancelled_too: bool
+        self, request: HttpRequest, queryset: JobQuerySet, *, cancelled_too: bool
     ) -> HttpResponse | None:
-        selected = self.selected_count(request, queryset)
-        retried, held, cancelled = [], [], []
-        for job in queryset:
-            # A failed row never changes again: its reason, read here, is final.
-            if job.failure_reason == FailureReason.CANCELLED and not cancelled_too:
-                cancelled.append(job)
-                continue
+        """Ask first (what will happen to how many jobs), then retry in chunks: each row by
+        its own conditional write, so a job retried since the confirmation is skipped."""
+        jobs, selected = bulk.selection(request, queryset)
+        candidates = jobs.filter(state=State.FAILED)
+        cancelled = candidates.filter(failure_reason=FailureReason.CANCELLED).exclude(
+            bulk.newer_attempt()
+        )
+        if not cancelled_too:  # a cancel already retried stays, to be counted as retried
+            candidates = candidates.exclude(pk__in=cancelled.values("pk"))
+        if not bulk.confirmed(request):
+            plan = bulk.retry_plan(jobs, selected, cancelled_too=cancelled_too)
+            button = ngettext("Yes, retry %(n)d job", "Yes, retry %(n)d jobs", plan.act) % {
+                "n": plan.act
+            }
+            return bulk.confirm(
+                self,
+                request,
+                title=_("Retry the selected failed jobs?"),
+                summary=bulk.retry_summary(plan),
+                button=button,
+                acts=plan.act > 0,
+                hidden=bulk.action_fields(request),
+                back_url=request.get_full_path(),
+                examples=list(
+                    candidates.exclude(bulk.newer_attempt()).order_by("-pk")[: bulk.MAX_EXAMPLES]
+                ),
+            )
+        failed = candidates.count() + (0 if cancelled_too else cancelled.count())
+        skipped_cancelled = [] if cancelled_too else list(cancelled.order_by("-pk")[:MAX_NAMED])
+        cancelled_count = 0 if cancelled_too else cancelled.count()
+        retried: list[Job] = []  # the first MAX_LISTED + 1 only: a selection may be huge
+        done, lost, held_count = 0, 0, 0
+        held: list[SafeString] = []
+        for job in bulk.in_chunks(candidates):
             try:
-                retried.append(self.retry_by_hand(request, job))
+                new = self.retry_by_hand(request, job)
             except LostRace:
-                continue
+                lost += 1
             except JobAlreadyEnqueued as exc:
-                held.append(format_html("{}: {}", self.job_link(job), self.key_holder(exc)))
+                held_count += 1
+                if len(held) < MAX_NAMED:
+                    held.append(format_html("{}: {}", self.job_link(job), self.key_holder(exc)))
+            else:
+                done += 1
+                if len(retried) <= MAX_LISTED:
+                    retried.append(new)
+        plan = bulk.Plan(selected, done)
+        plan.add_skip(lost, _("already retried"))
+        plan.add_skip(cancelled_count, _("cancelled: this action never retries a cancel"))
+        plan.add_skip(held_count, _("another job holds the unique key"))
+        plan.add_skip(selected - failed, _("not failed"))
         verb = ngettext(
             "Queued a new attempt for %(done)d of %(selected)d selected job",
             "Queued a new attempt for %(done)d of %(selected)d selected jobs",
@@ -117,31 +156,23 @@ class RetryActions(JobActions):
         named = format_html_join(
             ", ", "{} ({})", ((self.job_link(j), attempt_text(j)) for j in retried[:MAX_NAMED])
         )
-        if len(retried) > MAX_NAMED:
-            more = _("and %(more)d more") % {"more": len(retried) - MAX_NAMED}
+        if done > MAX_NAMED:
+            more = _("and %(more)d more") % {"more": done - MAX_NAMED}
             named = format_html("{} {}", named, more)
-        reason: str = _("not failed, or already retried")
-        if cancelled:
-            others = max(selected, len(retried)) - len(retried) - len(cancelled)
-            n = {"n": len(cancelled)}
-            parts = [_("%(n)d cancelled: this action never retries a cancel") % n]
-            reason = "; ".join([*parts, f"{others} {reason}"] if others > 0 else parts)
-        self.report(request, verb, selected, len(retried), reason, named)
-        if cancelled:
-            self.say_cancelled_skipped(request, cancelled)
+        self.report(request, verb, selected, done, plan.skip_text(), named)
+        if skipped_cancelled:
+            self.say_cancelled_skipped(request, skipped_cancelled, cancelled_count)
         if held:
             message = _("Not retried, as another job holds the unique key: {jobs}.")
-            jobs = format_html_join("; ", "{}", ((text,) for text in held[:MAX_NAMED]))
-            self.message_user(request, format_html(message, jobs=jobs), messages.WARNING)
-        return self.show_retried(request, retried)
+            jobs_html = format_html_join("; ", "{}", ((text,) for text in held))
+            self.message_user(request, format_html(message, jobs=jobs_html), messages.WARNING)
+        return self.show_retried(request, retried, done)
 
-    def say_cancelled_skipped(self, request: HttpRequest, cancelled: list[Job]) -> None:
+    def say_cancelled_skipped(self, request: HttpRequest, cancelled: list[Job], count: int) -> None:
         """Name the cancelled jobs a bulk retry left alone, and how to retry them anyway."""
         jobs = format_html_join(", ", "{}", ((self.job_link(j),) for j in cancelled[:MAX_NAMED]))
-        if len(cancelled) > MAX_NAMED:
-            jobs = format_html(
-                "{} {}", jobs, _("and %(more)d more") % {"more": len(cancelled) - MAX_NAMED}
-            )
+        if count > MAX_NAMED:
+            jobs = format_html("{} {}", jobs, _("and %(more)d more") % {"more": count - MAX_NAMED})
         message = _(
             "Not retried, as they were cancelled: {jobs}. To run a cancelled job again, use "
             "the Retry button of its page, or the action \u201c{action}\u201d."
@@ -168,13 +199,16 @@ class RetryActions(JobActions):
         self.log_addition(request, new, RETRY_LOG % {"pk": job.pk})
         return new
 
-    def show_retried(self, request: HttpRequest, retried: list[Job]) -> HttpResponse | None:
-        """Where the operator sees the new attempts: the "failed" filter would hide them."""
-        if not retried:
+    def show_retried(
+        self, request: HttpRequest, retried: list[Job], count: int
+    ) -> HttpResponse | None:
+        """Where the operator sees the `count` new attempts (`retried`: the first of them):
+        the "failed" filter would hide them."""
+        if not count:
             return None  # the list as it was
-        if len(retried) == 1:
+        if count == 1:
             return redirect(self.change_url(retried[0]))
-        if len(retried) <= MAX_LISTED:
+        if count <= MAX_LISTED:
             # Every attempt of those tasks: the failures and their new attempts.
             ids = ",".join(str(job.result_id) for job in retried)
             return redirect(f"{self.changelist_url()}?{urlencode({'result_id__in': ids})}")

@@ -1,16 +1,18 @@
-"""Why a running attempt may be stuck, before anyone has acted on it.
+"""Why a live attempt may be stuck, before anyone has acted on it.
 
 An attempt whose worker went silent stays `running` until a rescuer fails it as lost:
 JOBSTATE_LOST_AFTER seconds after the worker's last heartbeat at the earliest, and later
 when no `runjobs` has been up that long (after a restart, or with every worker gone). One
 asked to cancel, or past its timeout, stays `running` until its supervisor stops it,
-which a dead supervisor never does. Until then it looks like any running attempt.
+which a dead supervisor never does. Until then it looks like any running attempt. A
+queued attempt of a paused queue (queues.py) waits until someone resumes it, however due.
 
 These are marks for people (the job admin's list and page), never writes: settling such
 attempts is the rescuer's and the supervisor's (managers/settle.py). They are judged by
 the database clock, as the rescuer judges: `with_liveness()` reads it, and each row's
 worker's last heartbeat, in the query that reads the rows, so a page of attempts costs no
-query per row.
+query per row. `stuck()` finds them the same way, in the WHERE clause of one query: running
+rows from the index of running rows, queued ones from the claim's index.
 """
 
 from __future__ import annotations
@@ -18,13 +20,15 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from django.db.models import OuterRef, QuerySet, Subquery
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySet, Subquery
+from django.db.models.sql.compiler import SQLCompiler
 
 from ..conf import Settings, get_settings
 from ..dbclock import Now
-from ..states import State
+from ..states import LIVE_STATES, State
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -39,6 +43,7 @@ class Concern(enum.StrEnum):
     UNSEEN = "unseen"  # its worker has no heartbeat at all (never beat, or forgotten)
     CANCEL_OVERDUE = "cancel_overdue"  # asked to cancel longer than JOBSTATE_CANCEL_GRACE ago
     PAST_TIMEOUT = "past_timeout"  # running longer than its task's timeout
+    QUEUE_PAUSED = "queue_paused"  # queued in a paused queue: no worker claims it
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,7 @@ class Mark:
     `since`: when the concern began (the worker's last heartbeat, the attempt's start, the
     cancel request, the deadline); `age`: how long ago that was, by the database clock;
     `limit`: the seconds the concern is measured against (silent_after(), the grace, the
-    timeout).
+    timeout; 0 for a paused queue, which has no limit).
     """
 
     concern: Concern
@@ -64,11 +69,65 @@ def silent_after(settings: Settings | None = None) -> float:
 
 
 def with_liveness(jobs: QuerySet[Job]) -> QuerySet[Job]:
-    """`jobs`, each with `worker_last_seen` and `db_now` read in the same query."""
-    from ..models import WorkerHeartbeat
+    """`jobs`, each with `worker_last_seen`, `queue_paused_at` and `db_now` read in the
+    same query."""
+    from ..models import JobQueue, WorkerHeartbeat
 
     beats = WorkerHeartbeat.objects.filter(worker_id=OuterRef("worker_id"))
-    return jobs.annotate(worker_last_seen=Subquery(beats.values("last_seen")[:1]), db_now=Now())
+    queue = JobQueue.objects.filter(name=OuterRef("queue_name"))
+    return jobs.annotate(
+        worker_last_seen=Subquery(beats.values("last_seen")[:1]),
+        queue_paused_at=Subquery(queue.values("paused_at")[:1]),
+        db_now=Now(),
+    )
+
+
+class PastTimeout(Func):
+    """True for a row whose started_at plus its timeout (seconds, a float) is before the
+    database clock. Each database adds seconds to a time its own way, and Django's
+    duration arithmetic cannot multiply a float column into an interval on SQLite."""
+
+    output_field = BooleanField()
+
+    def __init__(self) -> None:
+        super().__init__(F("started_at"), F("timeout"))
+
+    def as_sql(  # type: ignore[override]
+        self, compiler: SQLCompiler, connection: BaseDatabaseWrapper, **extra_context: Any
+    ) -> tuple[str, list[Any]]:
+        started, timeout = self.get_source_expressions()
+        started_sql, started_params = compiler.compile(started)
+        timeout_sql, timeout_params = compiler.compile(timeout)
+        if connection.vendor == "postgresql":
+            sql = f"{started_sql} + {timeout_sql} * INTERVAL '1 second' < STATEMENT_TIMESTAMP()"
+        elif connection.vendor == "mysql":  # UTC, as dbclock.Now
+            sql = (
+                f"{started_sql} + INTERVAL ROUND({timeout_sql} * 1000000) MICROSECOND "
+                f"< UTC_TIMESTAMP(6)"
+            )
+        else:  # SQLite keeps UTC times as text, which julianday() reads
+            sql = f"julianday({started_sql}) + {timeout_sql} / 86400.0 < julianday('now')"
+        return f"({sql})", [*started_params, *timeout_params]
+
+
+def stuck(concern: Concern, settings: Settings | None = None) -> Q:
+    """The condition, for a filter() of jobs, that why_stuck() would mark with `concern`
+    (SILENT also finds UNSEEN), judged by the database clock."""
+    from ..models import JobQueue, WorkerHeartbeat
+
+    settings = settings or get_settings()
+    if concern == Concern.QUEUE_PAUSED:
+        return Q(state=State.QUEUED, queue_name__in=JobQueue.objects.paused().values("name"))
+    if concern in (Concern.SILENT, Concern.UNSEEN):
+        since = Now() - timedelta(seconds=silent_after(settings))
+        beats = WorkerHeartbeat.objects.filter(worker_id=OuterRef("worker_id"))
+        silent = Q(Exists(beats.filter(last_seen__lt=since)))
+        unseen = ~Q(Exists(beats)) & Q(started_at__lt=since)
+        return Q(state=State.RUNNING) & (silent | unseen)
+    if concern == Concern.CANCEL_OVERDUE:
+        grace = timedelta(seconds=settings.CANCEL_GRACE)
+        return Q(state=State.RUNNING, cancel_requested_at__lt=Now() - grace)
+    return Q(state=State.RUNNING, timeout__isnull=False) & Q(PastTimeout())
 
 
 def why_stuck(job: Job) -> list[Mark]:
@@ -76,19 +135,25 @@ def why_stuck(job: Job) -> list[Mark]:
 
     Reads the annotations of with_liveness(), or, for a job read without them, one query.
     """
-    if job.state != State.RUNNING:
+    if job.state not in LIVE_STATES:
         return []
     if not hasattr(job, "db_now"):
         from ..models import Job
 
-        job = with_liveness(Job.objects.filter(pk=job.pk, state=State.RUNNING)).first() or job
-        if not hasattr(job, "db_now"):
-            return []  # it finished meanwhile
+        fresh = with_liveness(Job.objects.filter(pk=job.pk, state=job.state)).first()
+        if fresh is None:
+            return []  # it moved on meanwhile
+        job = fresh
+    now: datetime = job.db_now  # type: ignore[attr-defined]
+    if job.state == State.QUEUED:
+        paused_at: datetime | None = job.queue_paused_at  # type: ignore[attr-defined]
+        if paused_at is None:
+            return []
+        return [Mark(Concern.QUEUE_PAUSED, paused_at, max(now - paused_at, timedelta()), 0.0)]
     started = job.started_at
     if started is None:
         return []
     settings = get_settings()
-    now: datetime = job.db_now
     last_seen: datetime | None = job.worker_last_seen  # type: ignore[attr-defined]
     marks = []
     silent = silent_after(settings)
