@@ -1,0 +1,239 @@
+"""The admin dashboard's reads: what finished in a window, and what waits now.
+
+Every figure is an aggregate the database computes over an index: the finished attempts
+of the window come from jobstate_job_by_finished (a range of finished_at), the waiting
+ones from the claim's index (jobstate_job_runnable; jobstate_job_claim_order on
+MariaDB/MySQL). Nothing loads rows into Python. Run times and pickup latencies are
+counted into fixed buckets in SQL, and their percentiles estimated from those counts
+(`quantile()`, as Prometheus' histogram_quantile does): exact to within a bucket's width
+(the bounds step 1, 2, 3, 5, 7 per decade), portable, one pass over the window's rows.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.db import connections, models
+from django.db.models import Count, Max, Min, Q, Value
+from django.db.models.functions import Greatest
+from django.utils import timezone
+
+from .dbclock import Now
+from .querysets import JobQuerySet
+from .states import FailureReason, State
+
+# Upper bounds (seconds) of the run-time and latency buckets: 1 ms to 28 hours. A value
+# at or past the last bound counts in a last, open bucket.
+BOUNDS: tuple[float, ...] = (
+    *(round(step * 10.0**exp, 6) for exp in range(-3, 5) for step in (1, 2, 3, 5, 7)),
+    100_000.0,
+)
+# The windows the dashboard switches between: (length, width of a chart's bar).
+WINDOWS: dict[str, tuple[timedelta, timedelta]] = {
+    "hour": (timedelta(hours=1), timedelta(minutes=1)),
+    "day": (timedelta(days=1), timedelta(minutes=15)),
+}
+# Failures that count against a task: not an operator's cancel, nor an attempt handed
+# back before it started (its next attempt runs it).
+NOT_THE_TASKS = (FailureReason.CANCELLED, FailureReason.RELEASED)
+
+
+class Seconds(models.Func):
+    """`end - start` in seconds (a float), in each database's own arithmetic."""
+
+    output_field = models.FloatField()
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> Any:  # type: ignore[override]
+        end, start = (compiler.compile(expr) for expr in self.get_source_expressions())
+        params = [*end[1], *start[1]]
+        if connection.vendor == "postgresql":
+            return f"EXTRACT(EPOCH FROM ({end[0]} - {start[0]}))", params
+        if connection.vendor == "mysql":
+            params = [*start[1], *end[1]]
+            return f"(TIMESTAMPDIFF(MICROSECOND, {start[0]}, {end[0]}) / 1000000.0)", params
+        return f"((julianday({end[0]}) - julianday({start[0]})) * 86400.0)", params
+
+
+class Bucket(models.Func):
+    """The index of the first bound a value is below (len(bounds) past the last): a CASE
+    that bisects, so a row costs a handful of comparisons, not one per bound."""
+
+    output_field = models.IntegerField()
+
+    def __init__(self, expression: Any, bounds: tuple[float, ...]) -> None:
+        super().__init__(expression)
+        self.bounds = bounds
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> Any:  # type: ignore[override]
+        sql, params = compiler.compile(self.get_source_expressions()[0])
+        used: list[Any] = []
+
+        def pick(low: int, high: int) -> str:  # the bucket among low..high
+            if low == high:
+                return str(low)
+            middle = (low + high) // 2  # below bounds[middle]: low..middle
+            used.extend(params)
+            return (
+                f"CASE WHEN {sql} < {self.bounds[middle]!r} "
+                f"THEN {pick(low, middle)} ELSE {pick(middle + 1, high)} END"
+            )
+
+        return pick(0, len(self.bounds)), used
+
+
+class Slot(models.Func):
+    """Which bar of a chart a time falls in: whole `width`s since `start` (>= 0)."""
+
+    output_field = models.IntegerField()
+
+    def __init__(self, moment: Any, start: datetime, width: timedelta) -> None:
+        super().__init__(Seconds(moment, Value(start, output_field=models.DateTimeField())))
+        self.width = width.total_seconds()
+
+    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> Any:  # type: ignore[override]
+        sql, params = compiler.compile(self.get_source_expressions()[0])
+        if connection.vendor == "sqlite":  # no FLOOR without its math functions; x >= 0
+            return f"CAST(({sql}) / {self.width!r} AS INTEGER)", params
+        return f"FLOOR(({sql}) / {self.width!r})", params
+
+
+def quantile(counts: list[int], q: float) -> float | None:
+    """The q-quantile of the values counted in BOUNDS' buckets, linear within a bucket;
+    None without values. In the last, open bucket: its lower bound."""
+    total = sum(counts)
+    if not total:
+        return None
+    rank, seen = q * total, 0
+    for index, n in enumerate(counts):
+        if n and seen + n >= rank:
+            low = BOUNDS[index - 1] if index else 0.0
+            if index >= len(BOUNDS):
+                return low
+            return low + (BOUNDS[index] - low) * (rank - seen) / n
+        seen += n
+    return BOUNDS[-1]
+
+
+@dataclass
+class Figures:
+    """What finished in the window for one queue (or all of them), and what waits now."""
+
+    succeeded: int = 0
+    failed: Counter[str] = field(default_factory=Counter)  # by failure reason
+    bars: dict[int, Counter[str]] = field(default_factory=lambda: defaultdict(Counter))
+    run_time: list[int] = field(default_factory=lambda: [0] * (len(BOUNDS) + 1))
+    pickup: list[int] = field(default_factory=lambda: [0] * (len(BOUNDS) + 1))
+    waiting: int = 0
+    oldest_age: float | None = None  # seconds the longest-waiting due job has been due
+
+    @property
+    def failing(self) -> int:
+        return sum(n for reason, n in self.failed.items() if reason not in NOT_THE_TASKS)
+
+    @property
+    def failure_rate(self) -> float | None:
+        judged = self.succeeded + self.failing
+        return self.failing / judged if judged else None
+
+    def add(self, other: Figures) -> None:
+        self.succeeded += other.succeeded
+        self.failed.update(other.failed)
+        for slot, outcomes in other.bars.items():
+            self.bars[slot].update(outcomes)
+        self.run_time = [a + b for a, b in zip(self.run_time, other.run_time, strict=True)]
+        self.pickup = [a + b for a, b in zip(self.pickup, other.pickup, strict=True)]
+        self.waiting += other.waiting
+        if other.oldest_age is not None:
+            self.oldest_age = max(self.oldest_age or 0.0, other.oldest_age)
+
+
+def db_now(using: str) -> datetime:
+    """Now by the database's clock (SQLite: this machine's, as the writes use)."""
+    connection = connections[using]
+    if connection.vendor == "sqlite":
+        return timezone.now()
+    sql = "UTC_TIMESTAMP(6)" if connection.vendor == "mysql" else "STATEMENT_TIMESTAMP()"
+    with connection.cursor() as cursor:
+        cursor.execute(f"SELECT {sql}")
+        now: datetime = cursor.fetchone()[0]
+    return now if now.tzinfo else now.replace(tzinfo=UTC)
+
+
+def window(name: str, now: datetime) -> tuple[datetime, int]:
+    """The window's start (bars end with the current minute's) and its number of bars."""
+    length, width = WINDOWS[name]
+    end = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    return end - length, int(length / width)
+
+
+def finished_figures(jobs: models.QuerySet[Any], start: datetime, width: timedelta) -> Any:
+    """{queue: Figures} of the attempts that finished since `start`: two grouped reads."""
+    figures: dict[str, Figures] = defaultdict(Figures)
+    finished = jobs.filter(finished_at__gte=start).order_by()
+    outcomes = finished.values_list("queue_name", "state", "failure_reason").annotate(
+        slot=Slot("finished_at", start, width), n=Count("pk")
+    )
+    for queue, state, reason, slot, n in outcomes.values_list(
+        "queue_name", "state", "failure_reason", "slot", "n"
+    ):
+        outcome = state if state == State.SUCCEEDED else reason
+        figures[queue].bars[slot][outcome] += n
+        if state == State.SUCCEEDED:
+            figures[queue].succeeded += n
+        else:
+            figures[queue].failed[reason] += n
+    # Only attempts that started have a run time and a pickup latency (queued to started:
+    # from enqueued_at or run_after, whichever is later).
+    waited = Seconds("started_at", Greatest("enqueued_at", "run_after"))
+    spans = (
+        finished.filter(started_at__isnull=False)
+        .values_list("queue_name")
+        .annotate(
+            ran=Bucket(Seconds("finished_at", "started_at"), BOUNDS),
+            waited=Bucket(waited, BOUNDS),
+            n=Count("pk"),
+        )
+    )
+    for queue, ran, waited_for, n in spans.values_list("queue_name", "ran", "waited", "n"):
+        figures[queue].run_time[ran] += n
+        figures[queue].pickup[waited_for] += n
+    return figures
+
+
+def waiting_figures(jobs: JobQuerySet) -> dict[str, tuple[int, float]]:
+    """{queue: (due jobs, seconds the oldest has been due)}, paused queues' included."""
+    due = jobs.due().order_by().values("queue_name")
+    rows = due.annotate(n=Count("pk"), age=Now() - Min("run_after"))
+    return {row["queue_name"]: (row["n"], max(0.0, row["age"].total_seconds())) for row in rows}
+
+
+def failing_tasks(
+    jobs: models.QuerySet[Any], start: datetime, queue: str | None = None, limit: int = 10
+) -> list[dict[str, Any]]:
+    """The tasks with the most failures since `start` (cancels and hand-backs aside), each
+    with its attempts finished, failures, and the last failure's error."""
+    finished = jobs.filter(finished_at__gte=start).order_by()
+    if queue is not None:
+        finished = finished.filter(queue_name=queue)
+    failing = Q(state=State.FAILED) & ~Q(failure_reason__in=NOT_THE_TASKS)
+    rows = list(
+        finished.values("task_path")
+        .annotate(
+            failed=Count("pk", filter=failing),
+            finished=Count("pk"),
+            last_id=Max("pk", filter=failing),
+        )
+        .filter(failed__gt=0)
+        .order_by("-failed", "task_path")[:limit]
+    )
+    errors = jobs.filter(pk__in=[row["last_id"] for row in rows]).values_list(
+        "pk", "error_class", "error_message", "failure_reason", "finished_at"
+    )
+    last = {pk: rest for pk, *rest in errors}
+    for row in rows:
+        error_class, message, reason, at = last.get(row["last_id"], ("", "", "", None))
+        row.update(error_class=error_class, error_message=message, reason=reason, last_at=at)
+    return rows
