@@ -69,22 +69,6 @@ def bucket_sql(column: str, low: int = 0, high: int = len(BOUNDS)) -> str:
     )
 
 
-class Slot(models.Func):
-    """Which bar of a chart a time falls in: whole `width`s since `start` (>= 0)."""
-
-    output_field = models.IntegerField()
-
-    def __init__(self, moment: Any, start: datetime, width: timedelta) -> None:
-        super().__init__(Seconds(moment, Value(start, output_field=models.DateTimeField())))
-        self.width = width.total_seconds()
-
-    def as_sql(self, compiler: Any, connection: Any, **extra: Any) -> Any:  # type: ignore[override]
-        sql, params = compiler.compile(self.get_source_expressions()[0])
-        if connection.vendor == "sqlite":  # no FLOOR without its math functions; x >= 0
-            return f"CAST(({sql}) / {self.width!r} AS INTEGER)", params
-        return f"FLOOR(({sql}) / {self.width!r})", params
-
-
 def quantile(counts: list[int], q: float) -> float | None:
     """The q-quantile of the values counted in BOUNDS' buckets, linear within a bucket;
     None without values. In the last, open bucket: its lower bound."""
@@ -158,54 +142,56 @@ def finished_figures(jobs: models.QuerySet[Any], start: datetime, width: timedel
     """{queue: Figures} of the attempts that finished since `start`: two grouped reads."""
     figures: dict[str, Figures] = defaultdict(Figures)
     finished = jobs.filter(finished_at__gte=start).order_by()
-    outcomes = finished.values_list("queue_name", "state", "failure_reason").annotate(
-        slot=Slot("finished_at", start, width), n=Count("pk")
-    )
-    for queue, state, reason, slot, n in outcomes.values_list(
-        "queue_name", "state", "failure_reason", "slot", "n"
-    ):
+    since = Seconds("finished_at", Value(start, output_field=models.DateTimeField()))
+    outcomes = finished.values_list("queue_name", "state", "failure_reason").annotate(since=since)
+    connection = connections[jobs.db]
+    # Which bar: whole widths since the start (>= 0: SQLite has no FLOOR without its math
+    # functions, and CAST truncates, which is the same here).
+    slot = f"(outcomes.since / {width.total_seconds()!r})"
+    slot = f"CAST({slot} AS INTEGER)" if connection.vendor == "sqlite" else f"FLOOR({slot})"
+    keys = ["outcomes.queue_name", "outcomes.state", "outcomes.failure_reason", slot]
+    for queue, state, reason, bar, n in _grouped(outcomes, "outcomes", keys):
         outcome = state if state == State.SUCCEEDED else reason
-        figures[queue].bars[slot][outcome] += n
+        figures[queue].bars[int(bar)][outcome] += n
         if state == State.SUCCEEDED:
             figures[queue].succeeded += n
         else:
             figures[queue].failed[reason] += n
     # Only attempts that started have a run time and a pickup latency (queued to started:
     # from enqueued_at or run_after, whichever is later).
-    waited = Seconds("started_at", Greatest("enqueued_at", "run_after"))
-    started = finished.filter(started_at__isnull=False)
-    for queue, ran, waited_for, n in _histograms(
-        started, Seconds("finished_at", "started_at"), waited
-    ):
-        figures[queue].run_time[ran] += n
-        figures[queue].pickup[waited_for] += n
+    spans = finished.filter(started_at__isnull=False).values_list("queue_name")
+    spans = spans.annotate(
+        ran=Seconds("finished_at", "started_at"),
+        waited=Seconds("started_at", Greatest("enqueued_at", "run_after")),
+    )
+    keys = ["spans.queue_name", bucket_sql("spans.ran"), bucket_sql("spans.waited")]
+    for queue, ran, waited_for, n in _grouped(spans, "spans", keys):
+        figures[queue].run_time[int(ran)] += n
+        figures[queue].pickup[int(waited_for)] += n
     return figures
 
 
-def _histograms(
-    jobs: models.QuerySet[Any], ran: Any, waited: Any
-) -> list[tuple[str, int, int, int]]:
-    """[(queue, run-time bucket, pickup bucket, count)] over `jobs`.
+def _grouped(rows: models.QuerySet[Any], alias: str, keys: list[str]) -> list[tuple[Any, ...]]:
+    """SELECT keys, COUNT(*) FROM (rows) AS alias GROUP BY keys (SQL over alias' columns).
 
-    The spans in seconds come from a subquery, bucketed and grouped over it: each span is
-    computed once per row, and PostgreSQL, which cannot tell how many groups a CASE over
-    the table's columns makes, takes every row for a group of its own and sorts the whole
-    window (5 s for a million rows); over the subquery's columns it expects a few
-    thousand and hashes them. OFFSET 0 keeps PostgreSQL from merging the subquery back;
-    the others need no fence (and refuse OFFSET alone).
+    The values to group by (seconds, then a bar or a bucket) are computed in a subquery,
+    and grouped over it: each is computed once per row, and PostgreSQL, which cannot tell
+    how many groups an expression over the table's columns makes, would take every row
+    for a group of its own and sort the whole window (5 s for a million rows); over the
+    subquery's columns it expects a few thousand and hashes them. OFFSET 0 keeps
+    PostgreSQL from merging the subquery back; the others need no fence (and refuse
+    OFFSET alone).
     """
-    inner = jobs.values_list("queue_name").annotate(ran=ran, waited=waited).order_by()
-    connection = connections[jobs.db]
-    sql, params = inner.query.get_compiler(connection=connection).as_sql()
+    connection = connections[rows.db]
+    sql, params = rows.query.get_compiler(connection=connection).as_sql()
     fence = " OFFSET 0" if connection.vendor == "postgresql" else ""
-    ran_bucket, waited_bucket = bucket_sql("spans.ran"), bucket_sql("spans.waited")
-    outer = (
-        f"SELECT spans.queue_name, {ran_bucket}, {waited_bucket}, COUNT(*) "
-        f"FROM ({sql}{fence}) AS spans GROUP BY 1, 2, 3"
-    )
+    groups = ", ".join(str(i) for i in range(1, len(keys) + 1))  # by position
     with connection.cursor() as cursor:
-        cursor.execute(outer, params)
-        return [(queue, int(r), int(w), n) for queue, r, w, n in cursor.fetchall()]
+        cursor.execute(
+            f"SELECT {', '.join(keys)}, COUNT(*) FROM ({sql}{fence}) AS {alias} GROUP BY {groups}",
+            params,
+        )
+        return list(cursor.fetchall())
 
 
 def waiting_figures(jobs: JobQuerySet) -> dict[str, tuple[int, float]]:
