@@ -8,6 +8,7 @@ so the admin's dark mode applies; the drawing scales with its box (viewBox, no s
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -113,7 +114,9 @@ def stacked_bars(
                     mark_safe("".join(rects)),
                 )
             )
-    every = max(1, len(bars) // 6)
+    # As many labels as fit: about 7 units of the viewBox per character, with a gap.
+    widest = max((len(label) for label in labels), default=1)
+    every = max(1, math.ceil((widest + 2) * 7 / step))
     for index in range(0, len(bars), every):
         parts.append(
             format_html(
@@ -143,11 +146,8 @@ def histogram(
         return _frame(chart_id, title, "No values in this window.", SafeString(""))
     first, last = used[0], used[-1]
 
-    def name(i: int) -> str:
-        low = bounds[i - 1] if i else 0.0
-        return (
-            f"{_seconds(low)}+" if i >= len(bounds) else f"{_seconds(low)} to {_seconds(bounds[i])}"
-        )
+    def name(i: int) -> str:  # a bucket by its upper bound
+        return f">{_seconds(bounds[-1])}" if i >= len(bounds) else f"<{_seconds(bounds[i])}"
 
     shown = list(range(first, last + 1))
     bars = [{"n": counts[i]} for i in shown]

@@ -70,7 +70,7 @@ class DashboardMixin:
             self.admin_site.each_context(request),
             opts=self.opts,
             title=_("Dashboard"),
-            refresh_seconds=REFRESH_SECONDS,
+            refresh_seconds=_refresh_seconds(request),
         )
         return TemplateResponse(request, "admin/django_jobstate/job/dashboard.html", context)
 
@@ -136,6 +136,14 @@ def dashboard_context(request: HttpRequest) -> dict[str, Any]:
         "updated_at": timezone.localtime(now),
         "fragment_url": _query(request, fragment="1"),
     }
+
+
+def _refresh_seconds(request: HttpRequest) -> int:
+    """Every REFRESH_SECONDS, or ?refresh=N (2 to 300: a wall screen, a test)."""
+    try:
+        return min(300, max(2, int(request.GET.get("refresh", REFRESH_SECONDS))))
+    except ValueError:
+        return REFRESH_SECONDS
 
 
 def _query(request: HttpRequest, **changes: str | None) -> str:
