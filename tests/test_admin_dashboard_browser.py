@@ -2,6 +2,8 @@
 after real jobs ran: the charts draw, the figures refresh without a reload, the page fits
 at 1366x768 and at 390 px wide (screenshots of both in artifacts/)."""
 
+import base64
+
 import pytest
 from django.contrib.auth.models import Permission, User
 
@@ -14,16 +16,18 @@ SIZES = {"desktop": (1366, 768), "phone": (390, 844)}
 
 def screenshot_at(driver, name: str, size: tuple[int, int]) -> None:
     """Save the whole page at that width; fail if the page is wider than the window."""
-    width, height = size
-    driver.set_window_size(width, height)
+    driver.set_window_size(*size)
     inner = driver.execute_script("return window.innerWidth")
     page = driver.execute_script("return document.documentElement.scrollWidth")
     assert page <= inner, f"{name}: the page is {page} px wide in a {inner} px window"
-    for _ in range(2):  # the height, once the width has settled
-        full = driver.execute_script("return document.documentElement.scrollHeight")
-        driver.set_window_size(width, max(height, full))
+    # The whole page, past the window's height (a window is no taller than its screen).
+    content = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    clip = {"x": 0, "y": 0, "width": content["width"], "height": content["height"], "scale": 1}
+    shot = driver.execute_cdp_cmd(
+        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
+    )
     ARTIFACTS.mkdir(exist_ok=True)
-    assert driver.save_screenshot(str(ARTIFACTS / name))
+    (ARTIFACTS / name).write_bytes(base64.b64decode(shot["data"]))
 
 
 def run_jobs() -> None:
