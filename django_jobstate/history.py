@@ -36,13 +36,14 @@ WINDOWS: dict[str, tuple[timedelta, timedelta]] = {
     "hour": (timedelta(hours=1), timedelta(minutes=1)),
     "day": (timedelta(days=1), timedelta(minutes=15)),
 }
-# Failures that count against a task: not an operator's cancel, nor an attempt handed
-# back before it started (its next attempt runs it).
+# Failures that do not count against a task (nor in a failure rate): an operator's
+# cancel, an attempt handed back before it started (its next attempt runs it).
 NOT_THE_TASKS = (FailureReason.CANCELLED, FailureReason.RELEASED)
 
 
 class Seconds(models.Func):
-    """`end - start` in seconds (a float), in each database's own arithmetic."""
+    """`end - start` in seconds (a float), in each database's own arithmetic (SQLite's
+    julianday() counts whole milliseconds)."""
 
     output_field = models.FloatField()
 
