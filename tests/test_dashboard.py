@@ -168,6 +168,10 @@ def test_the_tasks_failing_most_with_their_last_error_and_a_link(client):
         ("tests.tasks.email", 10, 10),
     ]
     assert rows[0]["last_id"] == last.pk
+    emails = failing_tasks(Job.objects.all(), start, queue="emails")
+    assert [(r["task_path"], r["failed"], r["error_class"]) for r in emails] == [
+        ("tests.tasks.email", 10, "django_jobstate.exceptions.JobTimeout")
+    ]
 
     login(client, "view")
     page = client.get(URL).content.decode()
