@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "notify",
             "receivers",
             "db_indexes",
+            "history",
             "schedules.definitions",
             "schedules.model",
         ],

@@ -27,6 +27,7 @@ from ..runner.stuck import Concern, why_stuck
 from ..states import State
 from ..task_options import option_sources, with_settings
 from ..tasksapi import InvalidTask
+from .dashboard import DashboardMixin
 from .filters import (
     CappedPaginator,
     FailureReasonFilter,
@@ -89,7 +90,7 @@ def pretty_json(value: Any) -> str:
 
 
 @admin.register(Job)
-class JobAdmin(StartTaskAdmin, RetryActions, admin.ModelAdmin):
+class JobAdmin(DashboardMixin, StartTaskAdmin, RetryActions, admin.ModelAdmin):
     list_display = [
         "id",
         "task",
