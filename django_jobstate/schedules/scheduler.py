@@ -72,6 +72,8 @@ class Scheduler:
             listed = [f"{d.name} ({d.expression})" for d in list(definitions.values())[:10]]
             more = f" and {len(definitions) - 10} more" if len(definitions) > 10 else ""
             logger.info("%s: schedules %s%s", name, ", ".join(listed), more)
+        else:
+            logger.info("%s: no schedules in the settings (the admin's tick too)", name)
         self.by_hash = {d.hash: d for d in definitions.values()}
         self.synced = False
         self._hold: dict[str, float] = {}  # {name: monotonic time before which not to try}
