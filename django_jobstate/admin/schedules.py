@@ -55,8 +55,8 @@ def when(value: Any, now: Any) -> str:
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
     list_display = [
-        *["name", "origin", "task", "expression", "enabled_badge", "next_tick", "last_tick"],
-        *["last_job", "skipped", "missed"],
+        *["name", "origin", "task", "expression", "enabled_badge", "next_tick", "last_job"],
+        "skipped_missed",
     ]
     list_filter = ["origin", "enabled", "removed_at"]
     search_fields = ["name", "task_path"]
@@ -154,19 +154,27 @@ class ScheduleAdmin(admin.ModelAdmin):
     def last_tick(self, schedule: Schedule) -> str:
         return when(schedule.last_tick_at, timezone.now())
 
-    @admin.display(description=_("last job"))
+    @admin.display(description=_("skip/miss"))
+    def skipped_missed(self, schedule: Schedule) -> str:
+        # One column for both: the list fits 1366 px beside the origin.
+        return f"{schedule.skipped} / {schedule.missed}"
+
+    @admin.display(description=_("last job"), ordering="last_tick_at")
     def last_job(self, schedule: Schedule) -> str:
         state = getattr(schedule, "last_state", None)
         if state is None:
             return "-"
         url = reverse("admin:django_jobstate_job_change", args=[schedule.last_job_id])  # type: ignore[attr-defined]
         jobs = reverse("admin:django_jobstate_job_changelist")
+        # Its tick's time too (one column less: the list fits 1366 px).
         return format_html(
             '<a href="{}"><span class="jobstate-badge jobstate-{}">{}</span></a> '
-            '<a href="{}?{}">{}</a>',
+            '<span class="jobstate-last-tick" title="{}">{}</span> <a href="{}?{}">{}</a>',
             url,
             state,
             State(state).label,
+            when(schedule.last_tick_at, timezone.now()),
+            relative(schedule.last_tick_at, timezone.now()),
             jobs,
             urlencode({"schedule_name": schedule.name}),
             _("all its jobs"),
