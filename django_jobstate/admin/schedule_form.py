@@ -52,7 +52,7 @@ HELP = {
 }
 
 
-class ScheduleForm(forms.ModelForm):  # type: ignore[type-arg]
+class ScheduleForm(forms.ModelForm):
     definition: Definition  # clean() sets it: what the admin stores (edits.add, edits.edit)
 
     class Meta:

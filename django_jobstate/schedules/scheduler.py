@@ -120,10 +120,11 @@ class Scheduler:
             removed_at=None,
         )
         vendor = connections[db].vendor
+        found: list[Schedule]
         if vendor in ("postgresql", "mysql"):
             now_sql = RawSQL("STATEMENT_TIMESTAMP()", []) if vendor == "postgresql" else Now()
             found = list(rows.annotate(db_now=now_sql).order_by("next_tick_at")[: DUE_BATCH + 1])
-            now = found[0].db_now if found else timezone.now()  # type: ignore[attr-defined]
+            now = getattr(found[0], "db_now") if found else timezone.now()  # noqa: B009
         else:
             found = list(rows.order_by("next_tick_at")[: DUE_BATCH + 1])
             now = db_now(db)  # SQLite: this machine's clock
