@@ -203,13 +203,14 @@ def test_an_edit_made_again_over_a_row_that_ticked_meanwhile():
     d = Definition(name="fast", task_path="tests.tasks.noop", every=60)
     edits.add(d)
     stale = Schedule.objects.get(name="fast")
+    # Meanwhile a tick was enqueued (its time later than now: a clock that stepped back).
+    later = db_now("default") + timedelta(minutes=10)
     Schedule.objects.filter(name="fast").update(
-        next_tick_at=stale.next_tick_at + timedelta(minutes=1),
-        last_tick_at=stale.next_tick_at,
+        next_tick_at=later + timedelta(minutes=1), last_tick_at=later
     )
     edited = edits.edit(stale, replace(d, every=120))
     assert edited.every == 120
-    assert edited.next_tick_at > stale.next_tick_at  # after the tick enqueued meanwhile
+    assert edited.next_tick_at > later  # read again: after the tick enqueued meanwhile
 
 
 def test_delete_removes_an_admin_row_and_is_logged_but_never_a_live_settings_one(client):
