@@ -330,3 +330,24 @@ def test_each_write_notifies_the_supervisors_when_it_commits():
         assert heard == ["poll", "poll", "poll"]
     finally:
         listener.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0011_gives_the_rows_stored_before_it_the_settings_origin():
+    from django.core.management import call_command
+
+    call_command("migrate", "django_jobstate", "0010", verbosity=0)
+    try:
+        with connection.cursor() as cursor:  # a row that sync() stored before 0011
+            cursor.execute(
+                "INSERT INTO django_jobstate_schedule (name, task_path, cron, every, timezone, "
+                "args, kwargs, backend, queue_name, priority, "
+                + connection.ops.quote_name("unique")
+                + ", catch_up, max_lateness, definition_hash, enabled, next_tick_at, skipped, "
+                "missed) VALUES ('old', 'tests.tasks.noop', '', 60, 'UTC', '[]', '{}', 'default', "
+                "'default', 0, %s, 'latest', 3600, 'x', %s, %s, 0, 0)",
+                [False, True, db_now("default")],
+            )
+    finally:
+        call_command("migrate", "django_jobstate", verbosity=0)
+    assert Schedule.objects.get(name="old").origin == Origin.SETTINGS
