@@ -1,7 +1,8 @@
 """The notifications that writes send on PostgreSQL when they commit (a job enqueued, a
-retry due now, a queue resumed, a cancel asked), and their payloads. The writes
-(managers/, queues.py) send them; the runner's listeners (runner/wakeup.py,
-runner/relay.py) hear them. A notification is a hint: nothing depends on its delivery.
+retry due now, a queue resumed, a cancel asked, a schedule changed in the admin), and their
+payloads. The writes (managers/, queues.py, schedules/edits.py) send them; the runner's
+listeners (runner/wakeup.py, runner/relay.py) hear them. A notification is a
+hint: nothing depends on its delivery.
 """
 
 from __future__ import annotations
@@ -39,3 +40,8 @@ def serves(queues: frozenset[str] | None, payload: str) -> bool:
 
 CANCEL_CHANNEL = "django_jobstate_cancel"
 NOTIFY_CANCEL = f"pg_notify('{CANCEL_CHANNEL}', %s)"
+
+# A schedule made or changed in the admin (its name): the supervisors' relays wake their
+# schedulers, which read the schedules again at once instead of at their next wake-up.
+SCHEDULES_CHANNEL = "django_jobstate_schedules"
+NOTIFY_SCHEDULES = f"pg_notify('{SCHEDULES_CHANNEL}', %s)"

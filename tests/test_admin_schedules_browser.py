@@ -9,7 +9,8 @@ from django.contrib.auth.models import Permission, User
 from django_jobstate.models import Job, Schedule
 from django_jobstate.schedules.definitions import Definition
 from django_jobstate.schedules.scheduler import Scheduler, sync
-from tests.test_admin_browser import browser, click_and_load, screenshot
+from tests.test_admin_browser import ARTIFACTS, browser, click_and_load, screenshot
+from tests.test_schedules_race import env
 
 __all__ = ["browser"]  # the fixture
 
@@ -48,7 +49,7 @@ def test_operator_sees_the_schedules_disables_one_and_runs_another(browser, live
     assert "(in " in nightly
     poll = rows["poll-feeds"]
     assert "every 300 s" in poll.text
-    assert "ago)" in poll.find_element(By.CSS_SELECTOR, ".field-last_tick").text
+    assert " ago" in poll.find_element(By.CSS_SELECTOR, ".field-last_job").text
     assert poll.find_element(By.CSS_SELECTOR, ".field-last_job .jobstate-badge").text == "QUEUED"
     screenshot(driver, "admin-schedules.png")
 
@@ -75,3 +76,82 @@ def test_operator_sees_the_schedules_disables_one_and_runs_another(browser, live
     assert "poll-feeds" in warning.text
     assert Job.objects.filter(schedule_name="poll-feeds").count() == 1
     screenshot(driver, "admin-schedules-after-actions.png")
+
+
+def screenshots(driver, name: str) -> None:
+    """The page at the sizes operators use: 1366x768 and a 390 px wide phone."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    for width, height in ((1366, 768), (390, 844)):
+        driver.set_window_size(width, height)
+        assert driver.save_screenshot(str(ARTIFACTS / f"{name}-{width}.png"))
+    driver.set_window_size(1440, 1000)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.slow
+def test_operator_adds_a_schedule_through_the_form_and_sees_its_first_job(
+    browser, live_server, runjobs
+):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    driver = browser
+    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
+    operator.user_permissions.set(
+        Permission.objects.filter(
+            codename__in=["view_schedule", "add_schedule", "change_schedule", "view_job"]
+        )
+    )
+    sync([NIGHTLY])  # one of the settings' beside it, which runjobs defines too
+    nightly = {"task": NIGHTLY.task_path, "cron": NIGHTLY.cron, "timezone": NIGHTLY.timezone}
+    proc = runjobs.start("--concurrency", "1", **env({NIGHTLY.name: nightly}))
+
+    driver.get(f"{live_server.url}/admin/django_jobstate/schedule/add/")
+    driver.find_element(By.NAME, "username").send_keys("operator")
+    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    # First a mistake, which the form names beside its field.
+    driver.find_element(By.NAME, "name").send_keys("heartbeat")
+    driver.find_element(By.NAME, "task_path").send_keys("tests.tasks.record")
+    driver.find_element(By.NAME, "every").send_keys("2")
+    kwargs = driver.find_element(By.NAME, "kwargs")
+    kwargs.clear()
+    kwargs.send_keys('{"lable": "beat"}')
+    screenshots(driver, "admin-schedule-add")
+    click_and_load(driver, driver.find_element(By.NAME, "_save"))
+    error = driver.find_element(By.CSS_SELECTOR, ".field-args .errorlist").text
+    assert "its args and kwargs do not match record()" in error
+    screenshots(driver, "admin-schedule-add-error")
+    kwargs = driver.find_element(By.NAME, "kwargs")
+    kwargs.clear()
+    kwargs.send_keys('{"label": "beat"}')
+    click_and_load(driver, driver.find_element(By.NAME, "_save"))
+    assert "was added successfully" in driver.find_element(By.CSS_SELECTOR, ".messagelist").text
+    row = Schedule.objects.get(name="heartbeat")
+    assert (row.origin, row.every, row.kwargs) == ("admin", 2, {"label": "beat"})
+
+    def first_job(driver):
+        driver.refresh()
+        found = driver.find_elements(
+            By.CSS_SELECTOR, "#result_list tr:has(input[value='heartbeat']) .field-last_job a"
+        )
+        return found[0] if found else False
+
+    # runjobs was running before it was added: no restart (on SQLite and MariaDB its
+    # scheduler reads the schedules within 10 s; on PostgreSQL it is woken at once).
+    link = WebDriverWait(driver, 90, poll_frequency=1).until(first_job)
+    rows = {
+        r.find_element(By.CSS_SELECTOR, "th").text: r.text
+        for r in driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
+    }
+    assert "admin" in rows["heartbeat"]
+    assert "every 2 s" in rows["heartbeat"]
+    assert "settings" in rows["nightly-report"]
+    screenshots(driver, "admin-schedules-with-admin-one")
+    click_and_load(driver, link)
+    ids = Job.objects.filter(schedule_name="heartbeat").values_list("pk", flat=True)
+    assert driver.current_url.rstrip("/").split("/")[-2] in {str(pk) for pk in ids}
+    assert "tests.tasks.record" in driver.find_element(By.TAG_NAME, "body").text
+    screenshots(driver, "admin-schedule-first-job")
+    out = runjobs.stop(proc)
+    assert proc.returncode == 0, out

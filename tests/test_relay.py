@@ -191,3 +191,20 @@ def test_the_listener_connects_with_the_listen_database_alias(runjobs):
     wait_for(lambda: tasks.record.get_result(result.id).is_finished, timeout=60)
     out = runjobs.stop(proc)
     assert proc.returncode == 0, out
+
+
+def test_a_schedule_made_in_the_admin_wakes_the_supervisors_scheduler():
+    from django_jobstate.schedules import edits
+    from django_jobstate.schedules.definitions import Definition
+
+    schedules = threading.Event()
+    relay = Relay(multiprocessing.get_context("spawn"), None, lambda: None, schedules.set)
+    relay.start()
+    try:
+        assert relay.listening.wait(30), "the relay never listened"
+        inbox = Inbox(relay.add("w"))
+        edits.add(Definition(name="poll", task_path="tests.tasks.noop", every=60))
+        assert schedules.wait(30), "the scheduler was not woken"
+        assert inbox.receive(0.2) == [], "a schedule's change woke the workers"
+    finally:
+        relay.finish()

@@ -306,6 +306,15 @@ def test_system_checks_name_each_bad_schedule():
     assert "'nowhere'" in text
 
 
+def test_system_checks_refuse_arguments_that_do_not_bind_to_the_task():
+    [(check_id, msg)] = checks_of(
+        {"typo": {"task": "tests.tasks.record", "every": 5, "kwargs": {"lable": "x"}}}
+    )
+    assert check_id == "django_jobstate.E012"
+    assert "Schedule 'typo': its args and kwargs do not match record()" in msg
+    assert "missing a required argument: 'label'" in msg
+
+
 def test_system_checks_refuse_a_bad_retention():
     [(check_id, msg)] = checks_of({}, JOBSTATE_RETENTION={"succeeded": "soon"})
     assert check_id == "django_jobstate.E010"

@@ -96,3 +96,31 @@ def test_a_stored_schedule_and_one_not_stored_yet_are_listed_in_order():
     names = [line.split()[0] for line in text.splitlines() if not line.startswith(" ")]
     assert names == ["nightly", "old", "poll"]
     assert "old  [enabled]" in text
+
+
+@override_settings(TASKS=TASKS)
+def test_the_list_shows_each_schedules_origin_and_a_name_both_define():
+    from django_jobstate.schedules import edits
+
+    edits.add(Definition(name="poll", task_path="tests.tasks.noop", every=60, kwargs={"v": 1}))
+    edits.add(Definition(name="adhoc", task_path="tests.tasks.noop", cron="*/5 * * * *"))
+    err = io.StringIO()
+    call_command("schedules", "--sync", stdout=io.StringIO(), stderr=err)
+    assert "Schedule 'poll' of the settings is not stored" in err.getvalue()
+    text = schedules()
+    assert "adhoc  [enabled]  tests.tasks.noop  */5 * * * * (UTC)  (from the admin)" in text
+    assert (
+        "nightly  [enabled]  tests.tasks.noop  0 3 * * * (Europe/Paris)  (from the settings)"
+        in (text)
+    )
+    assert "poll  [enabled]  tests.tasks.noop  every 60 s  (from the admin)" in text
+    assert "poll  [not scheduled]  tests.tasks.noop  every 300 s  (from the settings)" in text
+    assert "a schedule made in the admin has its name (E018)" in text
+    rows = json.loads(schedules("--json"))
+    assert [(r["name"], r["origin"]) for r in rows] == [
+        ("adhoc", "admin"),
+        ("nightly", "settings"),
+        ("poll", "admin"),
+        ("poll", "settings"),
+    ]
+    assert Schedule.objects.get(name="poll").kwargs == {"v": 1}  # the admin's, untouched

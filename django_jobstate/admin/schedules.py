@@ -1,9 +1,12 @@
 """The admin of periodic jobs: each schedule, its next and last tick, and three actions.
 
-Definitions come from the settings and are read-only here. `change_schedule` allows the
-actions: Enable and Disable (stored, so they persist across restarts of every runjobs,
-until the settings change the definition) and Run now (an extra job of the schedule,
-now, leaving its ticks alone).
+The settings' schedules (origin "settings") are read-only here. Schedules made here
+(origin "admin") are added, edited and deleted with Django's permissions on Schedule
+(add, change, delete); the form checks them as the settings' are (schedule_form.py), and
+each write is conditional on the row as read (schedules/edits.py). `change_schedule`
+allows the actions: Enable and Disable (stored, so they persist across restarts of every
+runjobs, until the settings change the definition) and Run now (an extra job of the
+schedule, now, leaving its ticks alone). Each change is in the admin log (LogEntry).
 """
 
 from typing import Any
@@ -20,16 +23,25 @@ from django.utils.translation import gettext_lazy as _
 from django.utils.translation import ngettext
 
 from ..models import Job, Schedule
+from ..schedules import edits
 from ..schedules.definitions import Definition, relative
+from ..schedules.model import Origin
 from ..schedules.writes import db_now, enqueue_tick
 from ..states import State
 from ..tasksapi import InvalidTask
 from .filters import local
+from .schedule_form import FORM_FIELDS, ScheduleForm
 
 FIELDS = [
-    *["name", "task_path", "expression", "enabled", "next_tick", "last_tick", "last_job"],
-    *["skipped", "last_skipped_at", "missed", "removed_at", "args", "kwargs", "backend"],
-    *["queue_name", "priority", "unique", "catch_up", "max_lateness", "definition_hash"],
+    *["name", "origin", "task_path", "expression", "enabled", "next_tick", "last_tick"],
+    *["last_job", "skipped", "last_skipped_at", "missed", "removed_at", "args", "kwargs"],
+    *["backend", "queue_name", "priority", "unique", "catch_up", "max_lateness"],
+    "definition_hash",
+]
+# Shown under the form of a schedule made here: what the runjobs made of it.
+STATUS = [
+    *["origin", "backend", "next_tick", "last_tick", "last_job", "skipped", "last_skipped_at"],
+    *["missed", "definition_hash"],
 ]
 
 
@@ -43,15 +55,14 @@ def when(value: Any, now: Any) -> str:
 @admin.register(Schedule)
 class ScheduleAdmin(admin.ModelAdmin):
     list_display = [
-        *["name", "task", "expression", "enabled_badge", "next_tick", "last_tick", "last_job"],
-        *["skipped", "missed"],
+        *["name", "origin", "task", "expression", "enabled_badge", "next_tick", "last_job"],
+        "skipped_missed",
     ]
-    list_filter = ["enabled", "removed_at"]
+    list_filter = ["origin", "enabled", "removed_at"]
     search_fields = ["name", "task_path"]
     ordering = ["name"]
     actions = ["enable", "disable", "run_now"]
-    fields = tuple(FIELDS)
-    readonly_fields = FIELDS
+    form = ScheduleForm
 
     class Media:
         css = {"all": ["django_jobstate/admin.css"]}
@@ -68,16 +79,48 @@ class ScheduleAdmin(admin.ModelAdmin):
         )
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return False  # schedules are defined in the settings
+        return request.user.has_perm("django_jobstate.add_schedule")
 
     def has_change_permission(self, request: HttpRequest, obj: Schedule | None = None) -> bool:
-        return False  # no form: the actions make the only writes
+        # The settings' schedules have no form (the actions make their only writes).
+        if obj is not None and obj.origin != Origin.ADMIN:
+            return False
+        return request.user.has_perm("django_jobstate.change_schedule")
 
     def has_delete_permission(self, request: HttpRequest, obj: Schedule | None = None) -> bool:
-        # A schedule gone from the settings may go; a live one would come back at once.
-        if obj is None or obj.removed_at is None:
+        # One at a time, from its page (no bulk delete, which would not ask each row).
+        # A settings' schedule only once gone from them: a live one would come back.
+        if obj is None or (obj.origin == Origin.SETTINGS and obj.removed_at is None):
             return False
         return request.user.has_perm("django_jobstate.delete_schedule")
+
+    def get_fields(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
+        if obj is None:
+            return FORM_FIELDS
+        if self.has_change_permission(request, obj):
+            return FORM_FIELDS + STATUS
+        return FIELDS
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Schedule | None = None) -> Any:
+        if obj is None:
+            return []
+        if self.has_change_permission(request, obj):
+            return ["name", *STATUS]  # the name is the key its jobs carry
+        return FIELDS
+
+    def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
+        """Store through edits.py: conditional on the row as read, and a notification."""
+        if not change:
+            row = edits.add(form.definition)
+        else:
+            try:
+                row = edits.edit(Schedule.objects.get(pk=obj.pk), form.definition)
+            except (edits.ScheduleChanged, Schedule.DoesNotExist) as exc:
+                self.message_user(request, str(exc), messages.ERROR)
+                return
+        obj.__dict__.update(
+            {f.attname: getattr(row, f.attname) for f in Schedule._meta.concrete_fields}
+        )
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_jobstate.change_schedule")
@@ -111,19 +154,27 @@ class ScheduleAdmin(admin.ModelAdmin):
     def last_tick(self, schedule: Schedule) -> str:
         return when(schedule.last_tick_at, timezone.now())
 
-    @admin.display(description=_("last job"))
+    @admin.display(description=_("skip/miss"))
+    def skipped_missed(self, schedule: Schedule) -> str:
+        # One column for both: the list fits 1366 px beside the origin.
+        return f"{schedule.skipped} / {schedule.missed}"
+
+    @admin.display(description=_("last job"), ordering="last_tick_at")
     def last_job(self, schedule: Schedule) -> str:
         state = getattr(schedule, "last_state", None)
         if state is None:
             return "-"
         url = reverse("admin:django_jobstate_job_change", args=[schedule.last_job_id])  # type: ignore[attr-defined]
         jobs = reverse("admin:django_jobstate_job_changelist")
+        # Its tick's time too (one column less: the list fits 1366 px).
         return format_html(
             '<a href="{}"><span class="jobstate-badge jobstate-{}">{}</span></a> '
-            '<a href="{}?{}">{}</a>',
+            '<span class="jobstate-last-tick" title="{}">{}</span> <a href="{}?{}">{}</a>',
             url,
             state,
             State(state).label,
+            when(schedule.last_tick_at, timezone.now()),
+            relative(schedule.last_tick_at, timezone.now()),
             jobs,
             urlencode({"schedule_name": schedule.name}),
             _("all its jobs"),
@@ -131,21 +182,20 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.action(description=_("Enable the selected schedules"), permissions=["operate"])
     def enable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        db = router.db_for_write(Schedule)
-        now = db_now(db)
-        changed = 0
-        for schedule in queryset.filter(enabled=False, removed_at=None):
-            # From the next tick after now: the ticks missed while disabled are not due.
-            nxt = Definition.from_row(schedule).next_tick(now)
-            changed += Schedule.objects.filter(pk=schedule.pk, enabled=False).update(
-                enabled=True, next_tick_at=nxt
-            )
-        self._report(request, changed, queryset, _("enabled"))
+        # From the next tick after now: the ticks missed while disabled are not due.
+        self._set_enabled(request, queryset, True)
 
     @admin.action(description=_("Disable the selected schedules"), permissions=["operate"])
     def disable(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        changed = queryset.filter(enabled=True).update(enabled=False)
-        self._report(request, changed, queryset, _("disabled"))
+        self._set_enabled(request, queryset, False)
+
+    def _set_enabled(self, request: HttpRequest, queryset: QuerySet[Schedule], on: bool) -> None:
+        changed = 0
+        for schedule in queryset.filter(enabled=not on, removed_at=None):
+            if edits.set_enabled(schedule, on):
+                changed += 1
+                self.log_change(request, schedule, "Enabled." if on else "Disabled.")
+        self._report(request, changed, queryset, _("enabled") if on else _("disabled"))
 
     @admin.action(description=_("Run the selected schedules now"), permissions=["operate"])
     def run_now(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:

@@ -3,9 +3,11 @@
 Were each worker process to LISTEN for itself, a supervisor of N workers would hold 2N
 connections for them. The relay, a thread of the supervisor, listens for them all: to
 the jobs' channel, whose payloads it writes to each worker's pipe (the worker's Waiter
-reads them: wakeup.Inbox), and to the cancel channel, on which it has the monitor read
-the cancel requests at once (cancels.py). So a supervisor of N workers holds N + 1
-connections, besides its own (the monitor's, and the scheduler's unless --no-schedules).
+reads them: wakeup.Inbox), to the cancel channel, on which it has the monitor read
+the cancel requests at once (cancels.py), and to the schedules' channel, on which it
+wakes the supervisor's scheduler (a schedule made or changed in the admin). So a
+supervisor of N workers holds N + 1 connections, besides its own (the monitor's, and the
+scheduler's unless --no-schedules).
 
 A notification is a hint (wakeup.py), and the relay never waits for a worker: its pipes
 do not block, and a worker busy long enough to leave its pipe full (thousands of unread
@@ -28,7 +30,7 @@ from typing import Any
 
 from django.db import connections, router
 
-from ..notify import CANCEL_CHANNEL, CHANNEL, queue_payload, serves
+from ..notify import CANCEL_CHANNEL, CHANNEL, SCHEDULES_CHANNEL, queue_payload, serves
 from .wakeup import listen
 
 logger = logging.getLogger("django_jobstate.worker")
@@ -48,6 +50,7 @@ class Relay(threading.Thread):
         context: BaseContext,
         queues: Iterable[str] | None,
         on_cancel: Callable[[], None],
+        on_schedules: Callable[[], None] = lambda: None,
     ) -> None:
         from ..models import Job
 
@@ -55,6 +58,7 @@ class Relay(threading.Thread):
         self.context = context
         self.queues = None if queues is None else frozenset(queues)
         self.on_cancel = on_cancel
+        self.on_schedules = on_schedules
         self.using = router.db_for_write(Job)
         self.enabled = connections[self.using].vendor == "postgresql"  # else: no NOTIFY
         self.dropped = 0  # payloads a full pipe refused
@@ -92,7 +96,7 @@ class Relay(threading.Thread):
             while not self._done.is_set():
                 try:
                     if listener is None:
-                        listener = listen(self.using, CHANNEL, CANCEL_CHANNEL)
+                        listener = listen(self.using, CHANNEL, CANCEL_CHANNEL, SCHEDULES_CHANNEL)
                         self.listening.set()
                         if lost:
                             lost = False
@@ -100,7 +104,7 @@ class Relay(threading.Thread):
                                 "LISTEN connection back; waking the workers",
                                 extra={"event": "wakeup.restored"},
                             )
-                            self._dispatch([WAKE_ALL], cancels=True)
+                            self._dispatch([WAKE_ALL], cancels=True, schedules=True)
                     notifies = list(listener.notifies(timeout=0.5, stop_after=1))
                     if notifies:  # and those that came with it, relayed together
                         notifies += listener.notifies(timeout=0)
@@ -121,13 +125,16 @@ class Relay(threading.Thread):
                 self._dispatch(
                     [n.payload for n in notifies if n.channel == CHANNEL],
                     cancels=any(n.channel == CANCEL_CHANNEL for n in notifies),
+                    schedules=any(n.channel == SCHEDULES_CHANNEL for n in notifies),
                 )
         finally:
             _close(listener)
 
-    def _dispatch(self, payloads: list[str], *, cancels: bool) -> None:
+    def _dispatch(self, payloads: list[str], *, cancels: bool, schedules: bool = False) -> None:
         if cancels:
             self.on_cancel()
+        if schedules:
+            self.on_schedules()
         # Once each: a worker acts on a queue and priority, not on how many jobs.
         wakes = [p for p in dict.fromkeys(payloads) if serves(self.queues, p)]
         if wakes:

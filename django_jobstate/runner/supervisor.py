@@ -8,7 +8,8 @@ workers, whatever their tasks do to their own interpreters:
   and passes cancel requests for their attempts to the ledgers (at each beat; on
   PostgreSQL at once, woken by the relay);
 - on PostgreSQL, a relay thread holds the one LISTEN connection of all the workers and
-  passes each wake-up on to them through a pipe per worker (relay.py);
+  passes each wake-up on to them through a pipe per worker (relay.py), and wakes the
+  scheduler thread when a schedule is made or changed in the admin;
 - the main loop kills a worker whose attempt passed its deadline, takes back the attempts
   a worker holds behind a slow one, and replaces workers that ended.
 Each worker writes what it holds and starts to a ledger in shared memory (ledger.py), so
@@ -39,7 +40,7 @@ from .ledger import STARTED, Ledger, ledger_size
 from .monitor import Monitor, release, settle
 
 if TYPE_CHECKING:
-    from ..schedules.scheduler import SchedulerThread
+    from ..schedules.thread import SchedulerThread
 
 # Nothing here imports models at import time: the supervisor process imports it before
 # Django's apps are ready (runjobs), as a spawned child does child.py.
@@ -100,7 +101,13 @@ class Supervisor:
         self._respawn_at: dict[int, float] = {}
         self._context = multiprocessing.get_context("spawn")
         self.monitor = Monitor(self)
-        self.relay = Relay(self._context, options.get("queues"), self.monitor.check_cancels_soon)
+        self.scheduler: SchedulerThread | None = None
+        self.relay = Relay(
+            self._context,
+            options.get("queues"),
+            self.monitor.check_cancels_soon,
+            self._schedules_changed,
+        )
 
     def run(self) -> None:
         queues = ", ".join(sorted(self.options.get("queues") or [])) or "all queues"
@@ -113,7 +120,8 @@ class Supervisor:
         )
         self.relay.start()  # before the workers: none misses a job enqueued as it starts
         self.monitor.start()
-        scheduler = start_scheduler(f"Scheduler {self.base_id}") if self.schedules else None
+        if self.schedules:
+            self.scheduler = start_scheduler(f"Scheduler {self.base_id}")
         try:
             for slot in range(self.concurrency):
                 if not self.stopping:
@@ -122,8 +130,8 @@ class Supervisor:
                 wait([c.process.sentinel for c in self._children.values()], self._wake_in())
                 self._watch(time.monotonic())
         finally:
-            if scheduler is not None:
-                scheduler.stop()
+            if self.scheduler is not None:
+                self.scheduler.stop()
             self.monitor.finish()
             self.relay.finish()
         logger.info(
@@ -131,6 +139,11 @@ class Supervisor:
             self.base_id,
             extra={"event": "supervisor.stopped", "supervisor_id": self.base_id},
         )
+
+    def _schedules_changed(self) -> None:
+        """The relay heard that a schedule was made or changed in the admin."""
+        if (scheduler := self.scheduler) is not None:
+            scheduler.wake()
 
     def stop(self) -> None:
         """Let each worker finish its attempts in hand, then exit."""
@@ -254,7 +267,7 @@ class Supervisor:
 
 
 def start_scheduler(name: str) -> SchedulerThread:
-    from ..schedules.scheduler import SchedulerThread
+    from ..schedules.thread import SchedulerThread
 
     thread = SchedulerThread(name)
     thread.start()

@@ -42,12 +42,14 @@ MISSED_COUNT_LIMIT = 10_000  # ticks counted one by one as missed; past it, "at 
 
 
 class ScheduleError(ValueError):
-    """A definition that cannot be scheduled; `kind` is "definition", "timezone" or
-    "options" (a key of TASKS[alias]["OPTIONS"])."""
+    """A definition that cannot be scheduled; `kind` is "definition", "timezone", "task"
+    or "options" (a key of TASKS[alias]["OPTIONS"]); `key`, the definition's key that is
+    wrong, if one is (the admin's form shows the error beside its field)."""
 
-    def __init__(self, message: str, kind: str = "definition") -> None:
+    def __init__(self, message: str, kind: str = "definition", key: str = "") -> None:
         super().__init__(message)
         self.kind = kind
+        self.key = key
 
 
 @dataclass(frozen=True)
@@ -150,9 +152,12 @@ def relative(value: datetime | None, now: datetime) -> str:
     return f"in {text}" if seconds > 0 else f"{text} ago"
 
 
-def parse(name: str, raw: Any, *, alias: str, queues: list[str], time_zone: str) -> Definition:
-    """The Definition of SCHEDULES[name], or ScheduleError saying what is wrong with it."""
-    where = f"Schedule {name!r} of TASKS[{alias!r}]"
+def parse(
+    name: str, raw: Any, *, alias: str, queues: list[str], time_zone: str, where: str = ""
+) -> Definition:
+    """The Definition of SCHEDULES[name] (or of the admin's form), or ScheduleError saying
+    what is wrong with it; `where` starts its messages."""
+    where = where or f"Schedule {name!r} of TASKS[{alias!r}]"
     if not isinstance(raw, dict):
         raise ScheduleError(f"{where} must be a dict, not {type(raw).__name__}.")
     if unknown := sorted(set(raw) - KEYS):
@@ -162,14 +167,18 @@ def parse(name: str, raw: Any, *, alias: str, queues: list[str], time_zone: str)
         )
     task_path = raw.get("task")
     if not isinstance(task_path, str) or "." not in task_path:
-        raise ScheduleError(f'{where} needs "task": the dotted path of a @task, not {task_path!r}.')
+        raise ScheduleError(
+            f'{where} needs "task": the dotted path of a @task, not {task_path!r}.', key="task"
+        )
     if ("cron" in raw) == ("every" in raw):
         raise ScheduleError(f'{where} needs exactly one of "cron" and "every".')
     zone = raw.get("timezone", time_zone)
     try:
         zoneinfo.ZoneInfo(zone)
     except (zoneinfo.ZoneInfoNotFoundError, ValueError, TypeError):
-        raise ScheduleError(f"{where}: unknown time zone {zone!r}.", "timezone") from None
+        raise ScheduleError(
+            f"{where}: unknown time zone {zone!r}.", "timezone", "timezone"
+        ) from None
     cron, every = raw.get("cron", ""), raw.get("every")
     if "cron" in raw:
         fields_ = cron.split() if isinstance(cron, str) else []
@@ -178,25 +187,33 @@ def parse(name: str, raw: Any, *, alias: str, queues: list[str], time_zone: str)
                 raise CronSimError("it needs five fields: minute hour day month weekday")
             CronSim(cron, datetime.now(UTC))
         except CronSimError as exc:
-            raise ScheduleError(f"{where}: invalid cron expression {cron!r}: {exc}.") from None
+            raise ScheduleError(
+                f"{where}: invalid cron expression {cron!r}: {exc}.", key="cron"
+            ) from None
     elif isinstance(every, bool) or not isinstance(every, int | float) or not 1 <= every <= YEAR:
         raise ScheduleError(
-            f'{where}: "every" must be a number of seconds from 1 to a year, not {every!r}.'
+            f'{where}: "every" must be a number of seconds from 1 to a year, not {every!r}.',
+            key="every",
         )
     args, kwargs = raw.get("args", []), raw.get("kwargs", {})
     if not isinstance(args, list | tuple) or not isinstance(kwargs, dict):
-        raise ScheduleError(f'{where}: "args" must be a list and "kwargs" a dict.')
+        raise ScheduleError(f'{where}: "args" must be a list and "kwargs" a dict.', key="args")
     queue = raw.get("queue", "default" if not queues or "default" in queues else queues[0])
     if not isinstance(queue, str) or (queues and queue not in queues):
-        raise ScheduleError(f"{where}: queue {queue!r} is not one of its QUEUES {queues}.")
+        raise ScheduleError(
+            f"{where}: queue {queue!r} is not one of its QUEUES {queues}.", key="queue"
+        )
     priority = raw.get("priority", 0)
     if isinstance(priority, bool) or not isinstance(priority, int) or not -100 <= priority <= 100:
         raise ScheduleError(
-            f'{where}: "priority" must be a whole number from -100 to 100, not {priority!r}.'
+            f'{where}: "priority" must be a whole number from -100 to 100, not {priority!r}.',
+            key="priority",
         )
     catch_up = raw.get("catch_up", "latest")
     if catch_up not in CATCH_UP:
-        raise ScheduleError(f'{where}: "catch_up" must be one of {", ".join(CATCH_UP)}.')
+        raise ScheduleError(
+            f'{where}: "catch_up" must be one of {", ".join(CATCH_UP)}.', key="catch_up"
+        )
     lateness = raw.get("max_lateness", DEFAULT_MAX_LATENESS)
     if (
         isinstance(lateness, bool)
@@ -205,15 +222,16 @@ def parse(name: str, raw: Any, *, alias: str, queues: list[str], time_zone: str)
     ):
         raise ScheduleError(
             f'{where}: "max_lateness" must be a number of seconds from 1 to a year '
-            f"({MAX_LATENESS}), not {lateness!r}."
+            f"({MAX_LATENESS}), not {lateness!r}.",
+            key="max_lateness",
         )
     for key in ("unique", "enabled"):
         if not isinstance(raw.get(key, False), bool):
-            raise ScheduleError(f'{where}: "{key}" must be True or False.')
+            raise ScheduleError(f'{where}: "{key}" must be True or False.', key=key)
     try:
         json.dumps([args, kwargs], allow_nan=False)
     except (TypeError, ValueError) as exc:
-        raise ScheduleError(f"{where}: its arguments are not JSON: {exc}.") from None
+        raise ScheduleError(f"{where}: its arguments are not JSON: {exc}.", key="args") from None
     return Definition(
         name=name,
         task_path=task_path,

@@ -1,8 +1,10 @@
 """The Schedule table: one row per periodic job's name, the state its ticks are written by.
 
-Its definition columns are copied from the settings (scheduler.sync()); next_tick_at is the
-next tick not yet enqueued, and the compare-and-set on it (with definition_hash) is what
-lets exactly one supervisor enqueue each tick (scheduler.py).
+Its definition columns are copied from the settings (writes.sync(); origin "settings") or
+written by the admin (admin.py; origin "admin"); next_tick_at is the next tick not yet
+enqueued, and the compare-and-set on it (with definition_hash) is what lets exactly one
+supervisor enqueue each tick (scheduler.py). The definition columns are editable in the
+admin's form of an admin row only; the settings' rows stay read-only there.
 """
 
 from django.db import models
@@ -13,28 +15,38 @@ from .. import db_indexes
 from .definitions import CATCH_UP, DEFAULT_MAX_LATENESS
 
 
+class Origin(models.TextChoices):
+    """Who defines a schedule: the settings (writes.sync() keeps the row), or the admin
+    (its form writes the row; sync() never touches it)."""
+
+    SETTINGS = "settings", _("settings")
+    ADMIN = "admin", _("admin")
+
+
 class Schedule(models.Model):
-    name = models.CharField(_("name"), max_length=200, primary_key=True, editable=False)
-    task_path = models.CharField(_("task"), max_length=255, editable=False)
-    cron = models.CharField(_("cron"), max_length=200, blank=True, editable=False)
-    every = models.FloatField(_("every (s)"), null=True, blank=True, editable=False)
-    timezone = models.CharField(_("time zone"), max_length=64, editable=False)
-    args = models.JSONField(_("args"), default=list, editable=False)
-    kwargs = models.JSONField(_("kwargs"), default=dict, editable=False)
-    backend = models.CharField(_("backend alias"), max_length=100, editable=False)
-    queue_name = models.CharField(_("queue"), max_length=100, editable=False)
-    priority = models.SmallIntegerField(_("priority"), default=0, editable=False)
-    unique = models.BooleanField(_("unique"), default=False, editable=False)
-    catch_up = models.CharField(
-        _("catch up"),
+    name = models.CharField(_("name"), max_length=200, primary_key=True)
+    origin = models.CharField(
+        _("origin"),
         max_length=8,
-        choices=[(c, c) for c in CATCH_UP],
-        default="latest",
+        choices=Origin.choices,
+        default=Origin.SETTINGS,
         editable=False,
+        help_text=_("settings: read-only here; admin: made (and editable) in the admin."),
     )
-    max_lateness = models.FloatField(
-        _("max lateness (s)"), default=DEFAULT_MAX_LATENESS, editable=False
+    task_path = models.CharField(_("task"), max_length=255)
+    cron = models.CharField(_("cron"), max_length=200, blank=True)
+    every = models.FloatField(_("every (s)"), null=True, blank=True)
+    timezone = models.CharField(_("time zone"), max_length=64)
+    args = models.JSONField(_("args"), default=list, blank=True)
+    kwargs = models.JSONField(_("kwargs"), default=dict, blank=True)
+    backend = models.CharField(_("backend alias"), max_length=100, editable=False)
+    queue_name = models.CharField(_("queue"), max_length=100)
+    priority = models.SmallIntegerField(_("priority"), default=0)
+    unique = models.BooleanField(_("unique"), default=False)
+    catch_up = models.CharField(
+        _("catch up"), max_length=8, choices=[(c, c) for c in CATCH_UP], default="latest"
     )
+    max_lateness = models.FloatField(_("max lateness (s)"), default=DEFAULT_MAX_LATENESS)
     definition_hash = models.CharField(_("definition hash"), max_length=64, editable=False)
     enabled = models.BooleanField(_("enabled"), default=True)
     next_tick_at = models.DateTimeField(_("next tick"), editable=False)

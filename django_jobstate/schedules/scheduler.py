@@ -1,6 +1,6 @@
 """The scheduler: enqueues each tick of each schedule exactly once, with no leader.
 
-Every `runjobs` supervisor runs one (a thread, SchedulerThread). Per wake-up it reads the
+Every `runjobs` supervisor runs one (a thread: thread.py). Per wake-up it reads the
 earliest ticks of the enabled schedules (one query on an index) with the database's clock,
 and for each one due it makes one short transaction that begins with a compare-and-set:
 
@@ -16,20 +16,21 @@ tick is never lost, never enqueued twice (and a unique index on the first attemp
 schedule moves on). Times come from the database (PostgreSQL's and MariaDB/MySQL's clock;
 SQLite's is this machine's): a scheduler whose own clock is ahead neither ticks early nor
 twice. A scheduler whose definition is not the stored one (a rolling deploy) matches no
-row, so it cannot enqueue with it. One schedule whose tick fails, whatever it raises, is
+row, so it cannot enqueue with it. Schedules made in the admin (origin "admin") are ticked
+by their row as read, with its hash: an edit changes both (edits.py), so a tick of the old
+definition matches no row either. One schedule whose tick fails, whatever it raises, is
 logged and tried again later; the others go on.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from datetime import datetime
 from typing import Any
 
 from django.db import DatabaseError, IntegrityError, connections, router
-from django.db.models import F
+from django.db.models import F, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
@@ -38,15 +39,19 @@ from ..managers import connection_lost
 from ..models import Job, Schedule
 from ..tasksapi import InvalidTask
 from .definitions import Definition, Plan
+from .model import Origin
 from .settings import load
 from .writes import db_now, enqueue_tick, lock_not_available, sync, tick_transaction
 
-__all__ = ["Scheduler", "SchedulerThread", "db_now", "enqueue_tick", "sync"]
+__all__ = ["Scheduler", "db_now", "enqueue_tick", "sync"]
 
 logger = logging.getLogger("django_jobstate.scheduler")
+Due = tuple[str, datetime, str, Definition]  # name, due tick, definition_hash, definition
 
 DUE_BATCH = 100  # due rows handled per query
-MAX_SLEEP = 10.0  # seconds between reads when no tick is nearer (an admin's enable, a sync)
+# Seconds between reads when no tick is nearer: how long a schedule added or enabled in the
+# admin waits to be seen, where no notification wakes the scheduler (SQLite, MariaDB/MySQL).
+MAX_SLEEP = 10.0
 WAKE_MARGIN = 0.002  # past the tick, so that it is due by the time the query runs
 HOLD = 10.0  # seconds before retrying a schedule whose tick failed (its task is missing...)
 
@@ -67,6 +72,8 @@ class Scheduler:
             listed = [f"{d.name} ({d.expression})" for d in list(definitions.values())[:10]]
             more = f" and {len(definitions) - 10} more" if len(definitions) > 10 else ""
             logger.info("%s: schedules %s%s", name, ", ".join(listed), more)
+        else:
+            logger.info("%s: no schedules in the settings (the admin's tick too)", name)
         self.by_hash = {d.hash: d for d in definitions.values()}
         self.synced = False
         self._hold: dict[str, float] = {}  # {name: monotonic time before which not to try}
@@ -80,12 +87,10 @@ class Scheduler:
         if not self.synced:  # even with none: the rows of removed schedules say so
             sync(self.definitions.values(), remove=self.settings_valid)
             self.synced = True
-        if not self.definitions:
-            return MAX_SLEEP
-        db = router.db_for_write(Schedule)
+        db = router.db_for_write(Schedule)  # even with none in the settings: the admin's
         rows, now = self._earliest(db)
         wait, ticked = MAX_SLEEP, False
-        for name, due, definition_hash in rows:
+        for name, due, token, definition in rows:
             if due > now:
                 wait = min(wait, (due - now).total_seconds())
                 break
@@ -94,46 +99,58 @@ class Scheduler:
                 wait = min(wait, held)
                 continue
             try:
-                self._tick(db, self.by_hash[definition_hash], due, now)
+                self._tick(db, definition, due, now, token)
             except DatabaseError as exc:
                 if connection_lost(exc):
-                    raise  # the database is away: SchedulerThread waits for it
+                    raise  # the database is away: the thread waits for it
                 self._fail(name, due, exc)
             except Exception as exc:
                 self._fail(name, due, exc)
             ticked = True
         return 0.0 if ticked else wait + WAKE_MARGIN
 
-    def _earliest(self, db: str) -> tuple[list[tuple[str, datetime, str]], datetime]:
-        """The earliest ticks of the enabled schedules this process defines as stored, and
-        the database's now, in one query on jobstate_schedule_due."""
+    def _earliest(self, db: str) -> tuple[list[Due], datetime]:
+        """The earliest ticks of the enabled schedules this process defines as stored and
+        of those made in the admin, and the database's now, in one query on
+        jobstate_schedule_due."""
         rows = Schedule.objects.using(db).filter(
-            enabled=True, removed_at=None, definition_hash__in=list(self.by_hash)
+            Q(origin=Origin.SETTINGS, definition_hash__in=list(self.by_hash))
+            | Q(origin=Origin.ADMIN),
+            enabled=True,
+            removed_at=None,
         )
-        fields = ["name", "next_tick_at", "definition_hash"]
         vendor = connections[db].vendor
+        found: list[Schedule]
         if vendor in ("postgresql", "mysql"):
             now_sql = RawSQL("STATEMENT_TIMESTAMP()", []) if vendor == "postgresql" else Now()
-            found = list(
-                rows.annotate(db_now=now_sql)
-                .order_by("next_tick_at")
-                .values_list(*fields, "db_now")[: DUE_BATCH + 1]
-            )
-            now = found[0][3] if found else timezone.now()
-            return [row[:3] for row in found], now
-        found = list(rows.order_by("next_tick_at").values_list(*fields)[: DUE_BATCH + 1])
-        return found, db_now(db)  # SQLite: this machine's clock
+            found = list(rows.annotate(db_now=now_sql).order_by("next_tick_at")[: DUE_BATCH + 1])
+            now = getattr(found[0], "db_now") if found else timezone.now()  # noqa: B009
+        else:
+            found = list(rows.order_by("next_tick_at")[: DUE_BATCH + 1])
+            now = db_now(db)  # SQLite: this machine's clock
+        return [
+            (r.name, r.next_tick_at, r.definition_hash, self._definition(r)) for r in found
+        ], now
 
-    def _tick(self, db: str, d: Definition, due: datetime, now: datetime) -> None:
+    def _definition(self, row: Schedule) -> Definition:
+        """What a row's tick enqueues: the settings' definition of its hash, or the row's."""
+        if row.origin == Origin.ADMIN:
+            return Definition.from_row(row)
+        return self.by_hash[row.definition_hash]
+
+    def _tick(self, db: str, d: Definition, due: datetime, now: datetime, token: str = "") -> None:
+        """Enqueue the due ticks of `d` if the row still holds `token` (its hash as read;
+        by default d's own) and `due`."""
+        token = token or d.hash
         plan = d.plan(due, now)
         try:
             try:
-                self._write_tick(db, d, due, plan, enqueued_checked=False)
+                self._write_tick(db, d, due, token, plan, enqueued_checked=False)
             except IntegrityError:
                 # The backstop index met a tick enqueued already (a rolling deploy whose
                 # store raced a tick of the old definition, a Run now at the very tick):
                 # skip those ticks, so that the schedule moves on.
-                self._write_tick(db, d, due, plan, enqueued_checked=True)
+                self._write_tick(db, d, due, token, plan, enqueued_checked=True)
         except DatabaseError as exc:
             if isinstance(exc, IntegrityError) or lock_not_available(exc):
                 self._hold_off(d, exc)
@@ -143,13 +160,20 @@ class Scheduler:
             self._hold_off(d, exc)
 
     def _write_tick(
-        self, db: str, d: Definition, due: datetime, plan: Plan, *, enqueued_checked: bool
+        self,
+        db: str,
+        d: Definition,
+        due: datetime,
+        token: str,
+        plan: Plan,
+        *,
+        enqueued_checked: bool,
     ) -> None:
         with tick_transaction(db):
             won = Schedule.objects.using(db).filter(
                 name=d.name,
                 next_tick_at=due,
-                definition_hash=d.hash,
+                definition_hash=token,
                 enabled=True,
                 removed_at=None,
             )
@@ -242,39 +266,3 @@ class Scheduler:
             exc_info=exc,
         )
         self._hold[name] = time.monotonic() + HOLD
-
-
-class SchedulerThread(threading.Thread):
-    """Runs a Scheduler until stop(); a database error is logged and retried."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(name="jobstate-scheduler", daemon=True)
-        self.scheduler_name = self.name_ = name
-        self._stop_event = threading.Event()
-
-    def run(self) -> None:
-        from ..managers import close_connection
-
-        failures = 0
-        scheduler = None
-        try:
-            while not self._stop_event.is_set():
-                try:
-                    scheduler = scheduler or Scheduler(self.scheduler_name)
-                    wait = scheduler.run_once()
-                    failures = 0
-                except DatabaseError as exc:
-                    failures += 1
-                    logger.warning("%s: database unavailable (%s); will retry", self.name_, exc)
-                    close_connection()
-                    wait = min(0.25 * 2**failures, 5.0)
-                except Exception:  # a bug must not stop every schedule for good
-                    logger.exception("%s: the scheduler failed; will retry", self.name_)
-                    wait = HOLD
-                self._stop_event.wait(wait)
-        finally:
-            close_connection()
-
-    def stop(self) -> None:
-        self._stop_event.set()
-        self.join(10)

@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import inspect
 from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, register
+from django.core.checks import CheckMessage, Error, Tags, register
 
 from ..backend import JobStateBackend
 from ..loading import load_task
-from ..tasksapi import InvalidTask, task_backends
+from ..tasksapi import InvalidTask, Task, task_backends
 from .definitions import PRUNE_SCHEDULE, Definition, ScheduleError, parse
 
 PRUNE_TASK = "django_jobstate.tasks.prune_jobs"
@@ -149,12 +150,45 @@ HINTS = {
         "django_jobstate.E010",
     ),
     "timezone": ("Use an IANA name such as 'Europe/Paris' or 'UTC'.", "django_jobstate.E011"),
+    "task": (
+        "A schedule's task is the dotted path of a @task in a task module, called with the "
+        "schedule's args and kwargs.",
+        "django_jobstate.E012",
+    ),
     "options": (
         "Fix or remove the key: as written it has no effect. Until it is fixed, runjobs "
         "(with --skip-checks) keeps the stored schedules as they are.",
         "django_jobstate.E014",
     ),
 }
+
+
+def task_of(d: Definition) -> Task:
+    """The @task of `d`, as its ticks will load it: in a task module, of d's backend
+    alias, and taking d's args and kwargs; or ScheduleError (kind "task") saying why not."""
+    try:
+        task = load_task(d.task_path)
+    except InvalidTask as exc:
+        raise ScheduleError(f"Schedule {d.name!r}: {exc}", "task", "task") from None
+    if task.backend != d.backend:
+        raise ScheduleError(
+            f"Schedule {d.name!r} is in TASKS[{d.backend!r}], but its task {d.task_path!r} "
+            f"belongs to the backend {task.backend!r}; define the schedule under the task's "
+            f"backend alias.",
+            "task",
+            "task",
+        )
+    try:
+        inspect.signature(task.func).bind(
+            *([None] if task.takes_context else []), *d.args, **d.kwargs
+        )
+    except TypeError as exc:
+        raise ScheduleError(
+            f"Schedule {d.name!r}: its args and kwargs do not match {task.name}(): {exc}.",
+            "task",
+            "args",
+        ) from None
+    return task
 
 
 @register()
@@ -166,23 +200,44 @@ def check_schedules(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage
         messages.append(Error(str(exc), hint=hint, id=check_id))
     for definition in definitions.values():
         try:
-            task = load_task(definition.task_path)
-        except InvalidTask as exc:
-            messages.append(
-                Error(
-                    f"Schedule {definition.name!r}: {exc}",
-                    hint="A schedule's task is the dotted path of a @task in a task module.",
-                    id="django_jobstate.E012",
-                )
-            )
-            continue
-        if task.backend != definition.backend:
-            messages.append(
-                Error(
-                    f"Schedule {definition.name!r} is in TASKS[{definition.backend!r}], but its "
-                    f"task {definition.task_path!r} belongs to the backend {task.backend!r}.",
-                    hint="Define the schedule under the task's backend alias.",
-                    id="django_jobstate.E012",
-                )
-            )
+            task_of(definition)
+        except ScheduleError as exc:
+            hint, check_id = HINTS[exc.kind]
+            messages.append(Error(str(exc), hint=hint, id=check_id))
     return messages
+
+
+@register(Tags.database)
+def check_schedule_names(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E018: a schedule of the settings named as one made in the admin, which keeps its
+    name (the settings never change a schedule made in the admin): the settings' one is
+    not scheduled. Only with `check --database` (and migrate): it reads the table."""
+    from django.db import DatabaseError, router
+
+    from .model import Origin, Schedule
+
+    if not databases or router.db_for_read(Schedule) not in databases:
+        return []
+    names = set(load()[0])
+    try:
+        clashes = sorted(
+            Schedule.objects.filter(origin=Origin.ADMIN, name__in=names).values_list(
+                "name", flat=True
+            )
+        )
+    except DatabaseError:  # not migrated yet: migrate reports what it does
+        return []
+    return [
+        Error(
+            f"Schedule {name!r} of the settings is not scheduled: a schedule made in the admin "
+            f"has that name, and keeps it (the settings never change a schedule made in the "
+            f"admin).",
+            hint="Rename the schedule in the settings, or delete the admin's schedule (the "
+            "next start of runjobs, or `manage.py schedules --sync`, then stores the "
+            "settings' one).",
+            id="django_jobstate.E018",
+        )
+        for name in clashes
+    ]

@@ -21,6 +21,7 @@ from ..models import Job, Schedule
 from ..task_options import with_settings
 from ..uniqueness import UniqueScope, is_unique, unique_key
 from .definitions import Definition
+from .model import Origin
 
 logger = logging.getLogger("django_jobstate.scheduler")
 
@@ -96,8 +97,9 @@ def tick_transaction(db: str) -> Iterator[None]:
             pass  # the connection is lost, and its session with it (or a test's transaction failed)
 
 
-def sync(definitions: Iterable[Definition], *, remove: bool = True) -> None:
-    """Store the settings' definitions: new rows, and the rows whose definition changed.
+def sync(definitions: Iterable[Definition], *, remove: bool = True) -> list[str]:
+    """Store the settings' definitions: new rows, and the rows whose definition changed;
+    return the names the settings share with schedules made in the admin (not stored).
 
     A changed definition takes effect from the tick after now: its first tick cannot be
     one already enqueued. Each write is conditional on the row as read, so schedulers
@@ -105,17 +107,31 @@ def sync(definitions: Iterable[Definition], *, remove: bool = True) -> None:
     definition is unchanged. Names gone from the settings stop ticking (removed_at),
     unless `remove` is False: settings with errors (a misspelt key) may lack names that
     are only misread, and a removal would lose their state (an admin's disable, the ticks
-    due meanwhile).
+    due meanwhile). A schedule made in the admin (origin "admin") is never written here:
+    a settings schedule of its name is not stored, and that is logged as an error (and
+    reported by check E018), until one of the two is renamed or the admin's deleted.
     """
     definitions = list(definitions)
     db = router.db_for_write(Schedule)
     now = db_now(db)
     rows = {row.name: row for row in Schedule.objects.using(db)}
+    clashes = sorted(d.name for d in definitions if clash(rows.get(d.name)))
+    if clashes:
+        logger.error(
+            "Schedules %s of the settings are not scheduled: schedules made in the admin "
+            "have their names, and the settings never change those. Rename them in the "
+            "settings, or delete the admin's (then the next start of runjobs, or "
+            "`manage.py schedules --sync`, stores the settings' ones).",
+            ", ".join(clashes),
+        )
+    definitions = [d for d in definitions if d.name not in clashes]
+    rows = {name: row for name, row in rows.items() if row.origin == Origin.SETTINGS}
     new = [
         Schedule(name=d.name, **d.fields(), next_tick_at=d.next_tick(now))
         for d in definitions
         if d.name not in rows
     ]
+    # A conflict is a row stored since the read, by another process, or by the admin.
     Schedule.objects.using(db).bulk_create(new, ignore_conflicts=True)
     for d in definitions:
         row = rows.get(d.name)
@@ -124,7 +140,9 @@ def sync(definitions: Iterable[Definition], *, remove: bool = True) -> None:
     names = {d.name for d in definitions}
     gone = [name for name, row in rows.items() if name not in names and row.removed_at is None]
     if gone and remove:
-        Schedule.objects.using(db).filter(name__in=gone, removed_at=None).update(removed_at=now)
+        Schedule.objects.using(db).filter(
+            name__in=gone, removed_at=None, origin=Origin.SETTINGS
+        ).update(removed_at=now)
         logger.info("Schedules no longer in the settings, stopped: %s", ", ".join(sorted(gone)))
     elif gone:
         logger.warning(
@@ -132,6 +150,12 @@ def sync(definitions: Iterable[Definition], *, remove: bool = True) -> None:
             "(fix the settings, and they tick again; remove them, and they stop).",
             ", ".join(sorted(gone)),
         )
+    return clashes
+
+
+def clash(row: Schedule | None) -> bool:
+    """Whether a settings definition's name is a schedule made in the admin's."""
+    return row is not None and row.origin == Origin.ADMIN
 
 
 def stored(d: Definition, row: Schedule | None) -> bool:
@@ -151,6 +175,7 @@ def store(db: str, d: Definition, row: Schedule) -> None:
         after = max(now, row.last_tick_at or now)
         same = Schedule.objects.using(db).filter(
             name=d.name,
+            origin=Origin.SETTINGS,
             definition_hash=row.definition_hash,
             removed_at=row.removed_at,
             next_tick_at=row.next_tick_at,
@@ -158,7 +183,7 @@ def store(db: str, d: Definition, row: Schedule) -> None:
         if same.update(**d.fields(), next_tick_at=d.next_tick(after), removed_at=None):
             logger.info("Schedule %s: stored this process's definition (%s)", d.name, d.expression)
             return
-        fresh = Schedule.objects.using(db).filter(name=d.name).first()
+        fresh = Schedule.objects.using(db).filter(name=d.name, origin=Origin.SETTINGS).first()
         if stored(d, fresh):
             return  # another process stored it, or the row was deleted
         assert fresh is not None

@@ -1,9 +1,11 @@
 """Stop this process (SIGSTOP) once, inside the scheduler, between reading a due tick and
 its compare-and-set, for the race tests: when resumed, its write is stale and must lose.
-Or (JOBSTATE_TEST_PAUSE_BEFORE_STORE=<a file's path>) pause the scheduler's thread alone,
-before its first write of a definition over a stored one (a rolling deploy's sync, after it
-read the rows), until that file exists: then what it read is stale. Only that thread waits,
-so that on SQLite no other thread of the process is stopped holding the write lock.
+With JOBSTATE_TEST_TICK_GATE=<a file's path>, only the scheduler's thread waits there,
+until that file exists. Or (JOBSTATE_TEST_PAUSE_BEFORE_STORE=<a file's path>) pause the
+scheduler's thread alone, before its first write of a definition over a stored one (a
+rolling deploy's sync, after it read the rows), until that file exists: then what it
+read is stale. Only that thread waits, so that on SQLite no other thread of the process
+is stopped holding the write lock.
 
 Only on the PYTHONPATH of the subprocesses those tests start (JOBSTATE_TEST_STOP_BEFORE_TICK
 set): Python imports `sitecustomize` at startup, before Django, so the scheduler module is
@@ -15,6 +17,7 @@ import importlib.util
 import os
 import signal
 import sys
+import time
 
 
 class _WrapScheduler(importlib.abc.MetaPathFinder):
@@ -32,7 +35,13 @@ class _WrapScheduler(importlib.abc.MetaPathFinder):
             def stopping_tick(scheduler, *args):
                 module.Scheduler._tick = tick  # once
                 module.logger.warning("Stopping before the compare-and-set of %s", args[1].name)
-                os.kill(os.getpid(), signal.SIGSTOP)
+                if gate := os.environ.get("JOBSTATE_TEST_TICK_GATE"):
+                    # The scheduler's thread alone (no lock held on SQLite), until it exists.
+                    deadline = time.monotonic() + 120  # a safety net: the test opens it
+                    while not os.path.exists(gate) and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                else:
+                    os.kill(os.getpid(), signal.SIGSTOP)
                 return tick(scheduler, *args)
 
             module.Scheduler._tick = stopping_tick

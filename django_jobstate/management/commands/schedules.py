@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from django_jobstate.models import Job, Schedule
 from django_jobstate.schedules.definitions import Definition, relative
+from django_jobstate.schedules.model import Origin
 from django_jobstate.schedules.settings import load
 from django_jobstate.schedules.writes import db_now, enqueue_tick, sync
 
@@ -20,9 +21,9 @@ from ...tasksapi import InvalidTask
 
 class Command(BaseCommand):
     help = (
-        "List the periodic jobs (TASKS[alias]['OPTIONS']['SCHEDULES'] and JOBSTATE_RETENTION) "
-        "as the database holds them (enabled, next tick, last tick and its job's state), and the "
-        "settings' not stored yet."
+        "List the periodic jobs (TASKS[alias]['OPTIONS']['SCHEDULES'] and JOBSTATE_RETENTION, "
+        "and those made in the admin) as the database holds them (origin, enabled, next tick, "
+        "last tick and its job's state), and the settings' not stored yet."
     )
 
     def add_arguments(self, parser: argparse.ArgumentParser) -> None:
@@ -44,7 +45,11 @@ class Command(BaseCommand):
             definitions, errors = load()
             if errors:
                 raise CommandError("\n".join(str(e) for e in errors))
-            sync(definitions.values())
+            for name in sync(definitions.values()):
+                self.stderr.write(
+                    f"Schedule {name!r} of the settings is not stored: a schedule made in the "
+                    f"admin has that name (check E018)."
+                )
         if options["run"]:
             self.run_now(options["run"])
             return
@@ -58,8 +63,16 @@ class Command(BaseCommand):
         for row in rows:
             status = "removed" if row["removed"] else "enabled" if row["enabled"] else "disabled"
             if not row["stored"]:
-                status = "not stored yet"
-            self.stdout.write(f"{row['name']}  [{status}]  {row['task']}  {row['schedule']}")
+                status = "not scheduled" if row.get("clash") else "not stored yet"
+            self.stdout.write(
+                f"{row['name']}  [{status}]  {row['task']}  {row['schedule']}  "
+                f"(from the {row['origin']})"
+            )
+            if row.get("clash"):
+                self.stdout.write(
+                    "    not scheduled: a schedule made in the admin has its name (E018)"
+                )
+                continue
             if not row["stored"]:
                 self.stdout.write(
                     "    next tick: once stored (by runjobs when it starts, or schedules --sync)"
@@ -82,6 +95,7 @@ class Command(BaseCommand):
         rows = [
             {
                 "name": s.name,
+                "origin": s.origin,
                 "stored": True,
                 "task": s.task_path,
                 "schedule": s.expression,
@@ -103,13 +117,18 @@ class Command(BaseCommand):
             }
             for s in schedules
         ]
-        stored = {row["name"] for row in rows}
-        rows += [self.not_stored(d) for d in load()[0].values() if d.name not in stored]
+        stored = {row["name"]: row for row in rows}
+        for d in load()[0].values():
+            if d.name not in stored:
+                rows.append(self.not_stored(d))
+            elif stored[d.name]["origin"] == Origin.ADMIN:  # E018: the admin's keeps it
+                rows.append({**self.not_stored(d), "clash": True})
         return sorted(rows, key=lambda row: row["name"])
 
     def not_stored(self, d: Definition) -> dict[str, Any]:
         return {
             "name": d.name,
+            "origin": Origin.SETTINGS.value,
             "stored": False,
             "task": d.task_path,
             "schedule": d.expression,
