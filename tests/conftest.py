@@ -146,7 +146,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     JOBSTATE_SLOW_ONLY_IN="test_a.py test_b.py" (scripts/test's MariaDB pass) deselects the
     slow tests of every other file.
+
+    JOBSTATE_TEST_SHARD="K/N" keeps the files of shard K of N (scripts/test splits the
+    PostgreSQL pass so, each shard on a server of its own): see shard_files().
     """
+    if shard := os.environ.get("JOBSTATE_TEST_SHARD"):
+        files = shard_files(items, shard)
+        dropped = [item for item in items if item.path.name not in files]
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = [item for item in items if item.path.name in files]
     if os.environ.get("JOBSTATE_TEST_DB", "sqlite") == "sqlite":
         items.sort(key=lambda item: item.module.__name__ != "tests.test_bench_smoke")
     if (only_in := os.environ.get("JOBSTATE_SLOW_ONLY_IN")) is not None:
@@ -158,6 +166,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if dropped:
             config.hook.pytest_deselected(items=dropped)
             items[:] = kept
+
+
+def shard_files(items: list[pytest.Item], shard: str) -> set[str]:
+    """The files of shard "K/N": whole files (their module fixtures run once), dealt out
+    heaviest first to the lightest shard so far, a slow test (real processes) weighing as
+    much as fifty others. The same files whatever the order of collection."""
+    try:
+        k, n = (int(part) for part in shard.split("/"))
+        assert 1 <= k <= n
+    except (ValueError, AssertionError):
+        raise pytest.UsageError(f"JOBSTATE_TEST_SHARD={shard!r}: use K/N, 1 <= K <= N") from None
+    weights: dict[str, int] = {}
+    for item in items:
+        slow = item.get_closest_marker("slow") is not None
+        weights[item.path.name] = weights.get(item.path.name, 0) + (50 if slow else 1)
+    shards: list[tuple[int, set[str]]] = [(0, set()) for _ in range(n)]
+    for name in sorted(weights, key=lambda name: (-weights[name], name)):
+        i = min(range(n), key=lambda i: (shards[i][0], i))
+        shards[i] = (shards[i][0] + weights[name], shards[i][1] | {name})
+    return shards[k - 1][1]
 
 
 @pytest.fixture
