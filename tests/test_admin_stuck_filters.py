@@ -1,7 +1,6 @@
 """The job list's "stuck" filters: one per reason, judged by the database clock in the
 list's own query, from indexes (never a scan of history)."""
 
-import json
 from datetime import timedelta
 
 import pytest
@@ -9,12 +8,11 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobstate.backend import JobStateBackend
 from django_jobstate.models import Job, JobQueue
 from django_jobstate.runner.stuck import Concern, why_stuck
 from django_jobstate.states import State
-from tests import tasks
 from tests.factories import JobFactory
+from tests.plans import analyze_job_table, finished_history, job_table_reads
 from tests.test_admin import LIST_URL, login
 from tests.test_admin_stuck import beat, list_row, marks, running
 
@@ -108,43 +106,14 @@ def test_list_marks_the_queued_jobs_of_a_paused_queue(client):
     assert "waiting on a paused queue" not in client.get(LIST_URL).content.decode()
 
 
-def plan_reads(queries: list[str]) -> set[tuple[str, str | None]]:
-    """(how, which index) each of `queries` reads the job table with, by EXPLAIN."""
-    table, reads = Job._meta.db_table, set()
-    mysql = connection.vendor == "mysql"
-    with connection.cursor() as cursor:
-        for sql in queries:
-            cursor.execute(f"EXPLAIN {'FORMAT=JSON' if mysql else '(FORMAT JSON)'} {sql}")
-            found = cursor.fetchone()[0]
-            stack = [json.loads(found) if mysql else found[0]["Plan"]]
-            while stack:
-                node = stack.pop()
-                if mysql:
-                    children = node.values() if isinstance(node, dict) else node
-                    stack.extend(c for c in children if isinstance(c, dict | list))
-                    if isinstance(node, dict) and node.get("table_name") == table:
-                        reads.add((node["access_type"], node.get("key")))
-                else:
-                    stack.extend(node.get("Plans", []))
-                    if node.get("Relation Name") == table:
-                        reads.add((node["Node Type"], node.get("Index Name")))
-    return reads
-
-
 @pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite's planner has no statistics")
 @pytest.mark.django_db(transaction=True)  # MySQL's ANALYZE TABLE commits
 def test_the_stuck_filters_read_live_rows_from_indexes_never_history(client):
-    backend = JobStateBackend("default", {})
-    backend.bulk_enqueue(tasks.record, [([str(i)], {}) for i in range(20_000)])
-    while batch := Job.objects.claim("w", limit=1000):
-        Job.objects.succeed_many("w", [(job, None) for job in batch])
+    finished_history()
     every_kind_of_job()
     login(client, "view")
     mysql = connection.vendor == "mysql"
-    with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {'TABLE ' if mysql else ''}{Job._meta.db_table}")
-        if mysql:
-            cursor.fetchall()  # its report
+    analyze_job_table()
 
     for concern, names in EXPECTED.items():
         with CaptureQueriesContext(connection) as captured:
@@ -155,7 +124,7 @@ def test_the_stuck_filters_read_live_rows_from_indexes_never_history(client):
         filtered = [q["sql"] for q in captured if quoted in q["sql"] and "WHERE" in q["sql"]]
         assert filtered
         for sql in filtered:
-            reads = plan_reads([sql])
+            reads = job_table_reads(sql)
             # MariaDB/MySQL have no partial index: the claim order's (state first, 0009).
             scans = {"ALL", "index"} if mysql else {"Seq Scan"}
             assert not {how for how, _key in reads} & scans, (concern, reads, sql)

@@ -1,6 +1,5 @@
 """The Workers page through the Django test client: what it shows, to whom, how cheaply."""
 
-import json
 from datetime import timedelta
 
 import pytest
@@ -18,6 +17,7 @@ from django_jobstate.runner.liveness import Pulse
 from django_jobstate.states import State
 from tests import tasks
 from tests.factories import JobFactory
+from tests.plans import analyze_job_table, finished_history, job_table_reads
 
 pytestmark = pytest.mark.django_db
 
@@ -241,52 +241,15 @@ def test_attempts_of_workers_with_no_heartbeat_are_listed_with_their_rescue(clie
     assert banner.count("<li>") == 1
 
 
-def plan_reads(sql: str) -> set[tuple[str, str | None]]:
-    """How the query reads the job table: {(access, index)}, from EXPLAIN."""
-    table = Job._meta.db_table
-    reads = set()
-    with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
-            cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
-            stack = [cursor.fetchone()[0][0]["Plan"]]
-            while stack:
-                node = stack.pop()
-                stack.extend(node.get("Plans", []))
-                if node.get("Relation Name") == table:
-                    reads.add((node["Node Type"], node.get("Index Name")))
-        elif connection.vendor == "mysql":
-            cursor.execute(f"EXPLAIN FORMAT=JSON {sql}")
-            stack = [json.loads(cursor.fetchone()[0])]
-            while stack:
-                node = stack.pop()
-                children = node.values() if isinstance(node, dict) else node
-                stack.extend(c for c in children if isinstance(c, dict | list))
-                if isinstance(node, dict) and node.get("table_name") == table:
-                    reads.add((node["access_type"], node.get("key")))
-        else:
-            cursor.execute(f"EXPLAIN QUERY PLAN {sql}")
-            for *_, detail in cursor.fetchall():
-                if table in detail:
-                    index = detail.split(" INDEX ")[1].split()[0] if " INDEX " in detail else None
-                    reads.add((detail.split()[0], index))
-    return reads
-
-
 @pytest.mark.django_db(transaction=True)  # MySQL's ANALYZE TABLE commits
 def test_the_page_reads_held_attempts_through_an_index_never_history():
-    backend = JobStateBackend("default", {})
-    backend.bulk_enqueue(tasks.record, [([str(i)], {}) for i in range(20_000)])
-    while batch := Job.objects.claim("w", limit=1000):
-        Job.objects.succeed_many("w", [(job, None) for job in batch])
-    backend.bulk_enqueue(tasks.record, [(["live"], {})] * 20)
+    finished_history()
+    JobStateBackend("default", {}).bulk_enqueue(tasks.record, [(["live"], {})] * 20)
     Job.objects.claim("web-1/0", limit=3)
     beat("web-1/0")
     beat("w")  # the worker that ran the 20,000: none held now
     mysql = connection.vendor == "mysql"
-    with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {'TABLE ' if mysql else ''}{Job._meta.db_table}")
-        if mysql:
-            cursor.fetchall()  # its report
+    analyze_job_table()
     client = Client()
     login(client, "view")
 
@@ -297,7 +260,7 @@ def test_the_page_reads_held_attempts_through_an_index_never_history():
     sqls = [q["sql"] for q in queries if Job._meta.db_table in q["sql"]]
     assert len(sqls) == 2  # held by the shown workers; held by workers with no heartbeat
     for sql in sqls:
-        reads = plan_reads(sql)
+        reads = job_table_reads(sql)
         assert reads, sql
         if connection.vendor == "postgresql":
             assert {index for _, index in reads} == {"jobstate_job_running"}, sql

@@ -1,7 +1,6 @@
 """The Dashboard: its figures (known rows in, known rates, percentiles and latencies out),
 its permissions, escaping, and that every query it makes reads an index."""
 
-import json
 import re
 from datetime import timedelta
 
@@ -25,6 +24,7 @@ from django_jobstate.history import (
 from django_jobstate.models import Job, JobQueue
 from django_jobstate.states import FailureReason, State
 from tests.factories import JobFactory
+from tests.plans import analyze_job_table, job_table_reads
 
 pytestmark = pytest.mark.django_db
 
@@ -229,39 +229,6 @@ def test_the_fragment_is_the_figures_alone_for_the_refresh(client):
     assert "all queues" in fragment
 
 
-def plan_reads(sql: str, params: object) -> set[tuple[str, str | None]]:
-    """(access, index) of every read of the job table in the query's plan."""
-    table = Job._meta.db_table
-    reads = set()
-    with connection.cursor() as cursor:
-        if connection.vendor == "sqlite":
-            cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
-            for *_ids, detail in cursor.fetchall():
-                if f" {table}" in detail or detail.endswith(table):
-                    reads.add((detail.split()[0], detail))
-            # SEARCH is a lookup by an index (or the rowid); SCAN, a walk of the table
-            # unless it names the index it walks.
-            return {(kind, d if kind == "SEARCH" or "INDEX" in d else None) for kind, d in reads}
-        if connection.vendor == "mysql":
-            cursor.execute(f"EXPLAIN FORMAT=JSON {sql}", params)
-            stack = [json.loads(cursor.fetchone()[0])]
-            while stack:
-                node = stack.pop()
-                children = node.values() if isinstance(node, dict) else node
-                stack.extend(c for c in children if isinstance(c, dict | list))
-                if isinstance(node, dict) and node.get("table_name") == table:
-                    reads.add((node["access_type"], node.get("key")))
-            return reads
-        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}", params)
-        stack = [cursor.fetchone()[0][0]["Plan"]]
-        while stack:
-            node = stack.pop()
-            stack.extend(node.get("Plans", []))
-            if node.get("Relation Name") == table:
-                reads.add((node["Node Type"], node.get("Index Name")))
-        return reads
-
-
 # Flushed after: on MariaDB/MySQL, ANALYZE TABLE commits the test's transaction.
 @pytest.mark.django_db(transaction=True)
 def test_every_query_of_the_page_reads_an_index_over_20000_finished_rows(client):
@@ -287,11 +254,7 @@ def test_every_query_of_the_page_reads_an_index_over_20000_finished_rows(client)
     Job.objects.bulk_create(rows, batch_size=2000)
     for _ in range(50):
         JobFactory(run_after=now - timedelta(seconds=60))
-    with connection.cursor() as cursor:
-        mysql = connection.vendor == "mysql"
-        cursor.execute(f"ANALYZE {'TABLE ' if mysql else ''}{Job._meta.db_table}")
-        if mysql:
-            cursor.fetchall()
+    analyze_job_table()
 
     login(client, "view")
     for window_name in ("hour", "day"):
@@ -303,7 +266,7 @@ def test_every_query_of_the_page_reads_an_index_over_20000_finished_rows(client)
         # What finished, run times and latencies, the failing tasks, their errors, what waits.
         assert len(reads) == 5
         for sql in reads:
-            plan = plan_reads(sql, None)
+            plan = job_table_reads(sql)
             assert plan, sql
             if connection.vendor == "sqlite":
                 assert all(index for _, index in plan), (sql, plan)
