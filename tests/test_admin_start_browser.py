@@ -2,8 +2,6 @@
 `runjobs` that runs what it started. The browser fixture and its rules are
 test_admin_browser's; screenshots at 1366x768 and 390 px wide go to artifacts/."""
 
-import time
-
 import pytest
 from django.contrib.auth.models import Permission, User
 
@@ -11,6 +9,7 @@ from django_jobstate.models import Job
 from django_jobstate.states import State
 from tests.models import Execution
 from tests.test_admin_browser import ARTIFACTS, browser, click_and_load
+from tests.waiting import wait_for
 
 __all__ = ["browser"]  # the fixture
 
@@ -29,13 +28,6 @@ def screenshots(driver, name: str, *, fits: bool = True) -> None:
         assert overflow <= 0 or not fits, f"{name} scrolls sideways by {overflow} px at {width}"
         assert driver.save_screenshot(str(ARTIFACTS / f"{name}-{size}.png"))
     driver.set_window_size(*SIZES["desktop"])
-
-
-def wait_for(predicate, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
 
 
 @pytest.mark.slow

@@ -1,7 +1,6 @@
 """The Workers page in a real browser (Debian's headless Chromium), beside a real `runjobs`.
 The browser fixture and its rules are test_admin_browser's."""
 
-import time
 from datetime import timedelta
 
 import pytest
@@ -13,17 +12,9 @@ from django_jobstate.states import State
 from tests import tasks
 from tests.factories import JobFactory
 from tests.test_admin_browser import ARTIFACTS, browser, click_and_load
+from tests.waiting import wait_for
 
 __all__ = ["browser"]  # the fixture
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0):
-    """A safety net only: each wait ends at the event, however slow the machine."""
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 def fits(driver) -> bool:

@@ -96,6 +96,7 @@ from tests import tasks
 from tests.factories import JobFactory
 from tests.framework import INVALID_TASK, LOGGER
 from tests.models import Execution
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db
 
@@ -115,13 +116,6 @@ def run_until_idle() -> None:
     while Job.objects.queued().exists():
         assert time.monotonic() < deadline, "jobs stayed queued"
         run_worker()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 def enqueue(t: Any, how: str, *args: Any, **kwargs: Any) -> TaskResult:

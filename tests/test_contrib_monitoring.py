@@ -9,7 +9,6 @@ import json
 import re
 import shutil
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -20,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from django_jobstate.models import Job, JobQueue
 from tests import tasks
 from tests.conftest import ROOT
+from tests.waiting import wait_for
 
 CONTRIB = ROOT / "contrib"
 DASHBOARD = CONTRIB / "grafana" / "jobstate-dashboard.json"
@@ -156,14 +156,6 @@ def scrape(url: str) -> dict[str, set[str]]:
         for sample in family.samples:
             served.setdefault(sample.name, set()).update(sample.labels)
     return served
-
-
-def wait_for(predicate, what: str, timeout: float = 90):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
-    return value
 
 
 @pytest.mark.slow

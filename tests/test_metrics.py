@@ -5,7 +5,6 @@ import re
 import socket
 import subprocess
 import sys
-import time
 import urllib.request
 from collections import Counter
 from datetime import timedelta
@@ -25,6 +24,7 @@ from django_jobstate.telemetry.gauges import live_counts, oldest_ages
 from tests import tasks
 from tests.conftest import ROOT, subprocess_env
 from tests.factories import JobFactory
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -45,14 +45,6 @@ def by(found: dict, name: str, *keys: str) -> Counter:
         if sample == name:
             sums[tuple(dict(labels)[k] for k in keys)] += value
     return sums
-
-
-def wait_for(predicate, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.1)
-    return value
 
 
 def test_scraped_counters_add_up_to_the_rows_while_two_workers_drain(runjobs):

@@ -18,9 +18,8 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -34,6 +33,7 @@ from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import FailureReason, State
 from tests import netns
 from tests.conftest import ROOT
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.slow,
@@ -51,14 +51,6 @@ def not_available(reason: str) -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"{reason} (CI=true: CI runs as root and must run it)", pytrace=False)
     pytest.skip(reason)
-
-
-def wait_for[T](predicate: Callable[[], T], what: str, timeout: float = 90.0) -> T:
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, f"timed out after {timeout:g} s waiting for {what}"
-        time.sleep(0.1)
-    return value
 
 
 class Hosts:

@@ -22,6 +22,7 @@ from django_jobstate.models import Job
 from django_jobstate.states import State
 from tests.conftest import ROOT, subprocess_env
 from tests.models import Execution
+from tests.waiting import wait_for
 
 PGBOUNCER = shutil.which("pgbouncer") or next(
     (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.access(p, os.X_OK)), None
@@ -39,13 +40,6 @@ pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,
 ]
-
-
-def wait_for(predicate, timeout=30.0, what="it"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def free_port() -> int:

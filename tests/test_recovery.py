@@ -5,7 +5,6 @@ Every attempt ends, a live attempt is never run twice, and a late writer changes
 
 import os
 import signal
-import time
 from datetime import timedelta
 
 import pytest
@@ -19,18 +18,11 @@ from tests import tasks
 from tests.conftest import run_racers
 from tests.factories import JobFactory
 from tests.models import Execution
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 LOST_AFTER = timedelta(seconds=settings.JOBSTATE_LOST_AFTER)
-
-
-def wait_for(predicate, timeout=60.0, every=0.05):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(every)
-    return value
 
 
 def executions():

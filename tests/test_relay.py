@@ -17,19 +17,13 @@ from django_jobstate.runner.relay import CHUNK, WAKE_ALL, Relay, _chunks
 from django_jobstate.runner.wakeup import Inbox, Waiter
 from tests import tasks
 from tests.factories import JobFactory
+from tests.waiting import wait_for
 
 POSTGRES = connection.vendor == "postgresql"
 pytestmark = [
     pytest.mark.skipif(not POSTGRES, reason="LISTEN/NOTIFY is PostgreSQL's"),
     pytest.mark.django_db(transaction=True),
 ]
-
-
-def wait_for(predicate, timeout=30.0, what="it"):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 def sql(query, params=()):
