@@ -259,16 +259,17 @@ class JobAdmin(DashboardMixin, StartTaskAdmin, RetryActions, admin.ModelAdmin):
         they were at enqueue."""
         try:
             task = load_task(job.task_path)
+            effective = with_settings(task)  # a retry_on path that no longer imports
+            sources = option_sources(task)
         except InvalidTask as exc:
             return str(exc)
-        effective = with_settings(task)
         stored = {"max_attempts": job.max_attempts, "backoff": job.backoff, "timeout": job.timeout}
         return format_html_join(
             "",
             '<div><code>{}</code> = {} <span class="help">({})</span></div>',
             (
                 (name, stored[name] if name in stored else getattr(effective, name, None), source)
-                for name, source in option_sources(task).items()
+                for name, source in sources.items()
             ),
         )
 

@@ -187,6 +187,10 @@ def origins(attempts: list[Job]) -> dict[int, str]:
             text = _("queued again: attempt %(attempt)d never started") % {
                 "attempt": previous.attempt
             }
+        elif previous is not None and previous.failure_reason == FailureReason.SNOOZED:
+            text = _("snoozed: attempt %(attempt)d asked to run again later") % {
+                "attempt": previous.attempt
+            }
         elif previous is not None and previous.attempt < previous.max_attempts:
             text = _("automatic retry")
         elif attempt.attempt > 1:
