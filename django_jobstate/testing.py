@@ -86,7 +86,9 @@ class ImmediateBackend(JobStateRules, DjangoImmediateBackend):
         object.__setattr__(task_result, "last_attempted_at", started)
         task_result.worker_ids.append(self.worker_id)
         send(task_started, type(self), task_result=task_result)
-        context = (TaskContext(task_result=task_result),) if task.takes_context else ()
+        context: tuple[TaskContext, ...] = ()
+        if task.takes_context:
+            context = (TaskContext(task_result=task_result),)
         try:
             value = task.call(*context, *task_result.args, **task_result.kwargs)
             object.__setattr__(task_result, "_return_value", normalize_json(value))

@@ -275,3 +275,27 @@ def test_immediate_backend_fails_a_task_that_does_not_retry():
     assert result.status == TaskResultStatus.FAILED
     assert result.errors[0].exception_class_path == "django_jobstate.exceptions.DoNotRetry"
     assert "invalid literal for int()" in result.errors[0].traceback
+
+
+# The admin counts snoozes apart from runs, as hand-backs.
+
+
+@pytest.mark.django_db
+def test_the_admin_counts_snoozed_attempts_apart_from_runs(client):
+    from tests.test_admin import LIST_URL, change_url, login
+
+    login(client, "view")
+    first = JobFactory(failed=True, failure_reason=SNOOZED, error_class="x.Snooze")
+    second = JobFactory(
+        failed=True, failure_reason=SNOOZED, result_id=first.result_id, attempt=2, max_attempts=2
+    )
+    third = JobFactory(result_id=first.result_id, attempt=3, max_attempts=3, previous=second)
+
+    html = client.get(LIST_URL).content.decode()
+    page = client.get(change_url(third)).content.decode()
+
+    assert "1/1 (2 snoozed)" in html
+    assert html.count("1/1 (snoozed)") == 2
+    assert "3/3" not in html
+    assert "snoozed: attempt 2 asked to run again later" in page
+    assert "snoozed (runs again later)" in page

@@ -166,7 +166,7 @@ class JobAdmin(DashboardMixin, StartTaskAdmin, RetryActions, admin.ModelAdmin):
 
     @admin.display(description=_("attempt"))
     def attempt_of(self, job: Job) -> str:
-        return attempt_label(job, getattr(job, "handed_back", 0))
+        return attempt_label(job, getattr(job, "handed_back", 0), getattr(job, "snoozed", 0))
 
     @admin.display(description=_("how queued"))
     def origin(self, job: Job) -> str:
