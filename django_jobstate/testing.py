@@ -25,7 +25,6 @@ from .tasksapi import (
     TaskResult,
     TaskResultStatus,
     normalize_json,
-    send,
     task_enqueued,
     task_finished,
     task_started,
@@ -75,17 +74,18 @@ class ImmediateBackend(JobStateRules, DjangoImmediateBackend):
     """
 
     def _execute_task(self, task_result: TaskResult) -> None:
-        # Django's, with one more outcome: a snooze. Its own catches every exception and
-        # sends task_finished with a FAILED result, which a snooze is not.
+        # Django's (its signals only, as its own sends), with one more outcome: a snooze.
+        # Its own catches every exception and sends task_finished with a FAILED result,
+        # which a snooze is not.
         object.__setattr__(task_result, "enqueued_at", timezone.now())
-        send(task_enqueued, type(self), task_result=task_result)
+        task_enqueued.send(type(self), task_result=task_result)
         task = task_result.task
         started = timezone.now()
         object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
         object.__setattr__(task_result, "started_at", started)
         object.__setattr__(task_result, "last_attempted_at", started)
         task_result.worker_ids.append(self.worker_id)
-        send(task_started, type(self), task_result=task_result)
+        task_started.send(type(self), task_result=task_result)
         context: tuple[TaskContext, ...] = ()
         if task.takes_context:
             context = (TaskContext(task_result=task_result),)
@@ -107,7 +107,7 @@ class ImmediateBackend(JobStateRules, DjangoImmediateBackend):
         else:
             object.__setattr__(task_result, "finished_at", timezone.now())
             object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
-        send(task_finished, type(self), task_result=task_result)
+        task_finished.send(type(self), task_result=task_result)
 
 
 class DummyBackend(JobStateRules, DjangoDummyBackend):
