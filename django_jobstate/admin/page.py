@@ -63,8 +63,7 @@ class JobChangeList(ChangeList):
         self.result_list = rows
 
 
-# Attempts that add one to max_attempts rather than use one up.
-UNCOUNTED = (FailureReason.RELEASED, FailureReason.SNOOZED)
+UNCOUNTED = (FailureReason.RELEASED, FailureReason.SNOOZED)  # each adds an attempt, not a run
 
 
 def attach_hand_backs(jobs: list[Job]) -> None:
@@ -94,11 +93,8 @@ def attempt_label(job: Job, handed_back: int, snoozed: int = 0) -> str:
         return _("%(runs)s (handed back)") % {"runs": runs}
     if job.failure_reason == FailureReason.SNOOZED:
         return _("%(runs)s (snoozed)") % {"runs": runs}
-    notes = []
-    if handed_back:
-        notes.append(_("%(n)d handed back") % {"n": handed_back})
-    if snoozed:
-        notes.append(_("%(n)d snoozed") % {"n": snoozed})
+    notes = [_("%(n)d handed back") % {"n": handed_back}] if handed_back else []
+    notes += [_("%(n)d snoozed") % {"n": snoozed}] if snoozed else []
     return f"{runs} ({', '.join(notes)})" if notes else runs
 
 
