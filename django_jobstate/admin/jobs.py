@@ -27,6 +27,7 @@ from ..runner.stuck import Concern, why_stuck
 from ..states import State
 from ..task_options import option_sources, with_settings
 from ..tasksapi import InvalidTask
+from .attempts import attempt_label
 from .dashboard import DashboardMixin
 from .filters import (
     CappedPaginator,
@@ -40,7 +41,6 @@ from .filters import (
 )
 from .page import (
     JobChangeList,
-    attempt_label,
     failure_html,
     format_duration,
     page_context,

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('django_jobstate', '0012_workerheartbeat_console'),
+        ('django_jobstate', '0013_schedule_origin'),
     ]
 
     operations = [
