@@ -48,6 +48,8 @@ STATUS = {
     State.FAILED: TaskResultStatus.FAILED,
 }
 
+# Failed attempts that are no error of the task: the next attempt does not count them.
+NOT_ERRORS = frozenset({FailureReason.RELEASED, FailureReason.SNOOZED})
 
 _NOT_INSTALLED = (
     "TASKS[{alias!r}] uses JobStateBackend, but django_jobstate is not in INSTALLED_APPS, "
@@ -273,9 +275,10 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
         errors=[
             TaskError(exception_class_path=a.error_class, traceback=a.traceback)
             for a in attempts
-            # An attempt released unstarted raised nothing: its task never ran. (One
-            # cancelled before it started has an error: JobCancelled, the reason it failed.)
-            if a.state == State.FAILED and a.failure_reason != FailureReason.RELEASED
+            # An attempt released unstarted raised nothing: its task never ran; a snoozed
+            # one asked to run again, no error. (One cancelled before it started has an
+            # error: JobCancelled, the reason it failed.)
+            if a.state == State.FAILED and a.failure_reason not in NOT_ERRORS
         ],
         # The check constraints give every started attempt a worker_id.
         worker_ids=[cast(str, a.worker_id) for a in started],

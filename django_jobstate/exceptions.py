@@ -1,12 +1,16 @@
 """Exceptions raised by django-jobstate, and the ones it records as a failed attempt's error."""
 
+import math
 import traceback
+from datetime import timedelta
 from typing import TypedDict
 
+from .conf import YEAR
 from .states import InvalidTransition
 from .tasksapi import InvalidTask
 
 __all__ = [
+    "DoNotRetry",
     "InvalidPayload",
     "InvalidTask",
     "InvalidTransition",
@@ -14,6 +18,8 @@ __all__ = [
     "JobCancelled",
     "JobTimeout",
     "LostRace",
+    "Snooze",
+    "SnoozeLimitReached",
     "WorkerInterrupted",
     "WorkerLost",
 ]
@@ -42,6 +48,49 @@ class InvalidPayload(TypeError, ValueError):
     A TypeError, as Django documents (and its backends raise) for arguments that are not
     JSON; a ValueError too, as it was first.
     """
+
+
+# Raised by a task to choose what happens next (retries.py decides, the worker writes it).
+class Snooze(Exception):
+    """Raised by a task: end this attempt and run the task again in `seconds` (a number
+    or a timedelta), without counting it as a failure or as one of its max_attempts.
+
+    `raise Snooze(60)` when the remote side said "come back in 60 s" (a Retry-After). A
+    task may snooze at most its `max_snoozes` times; past that it fails for good with
+    SnoozeLimitReached.
+    """
+
+    def __init__(self, seconds: float | timedelta) -> None:
+        self.seconds = delay_seconds(seconds, "Snooze()")
+        super().__init__(f"the task asked to run again in {self.seconds:g} seconds")
+
+
+class DoNotRetry(Exception):
+    """Raised by a task: fail for good now, with no further attempt, whatever its
+    max_attempts. `raise DoNotRetry("card declined") from exc` records both."""
+
+    def __str__(self) -> str:
+        if not self.args and self.__cause__ is not None:  # `raise DoNotRetry() from exc`
+            return f"{class_path(self.__cause__)}: {self.__cause__}"
+        return super().__str__()
+
+
+class SnoozeLimitReached(Exception):
+    """Recorded as the error of an attempt that snoozed past its task's max_snoozes."""
+
+
+def delay_seconds(value: object, what: str) -> float:
+    """`value` (seconds, or a timedelta) as seconds: a finite number from 0 to a year."""
+    seconds = value.total_seconds() if isinstance(value, timedelta) else value
+    if isinstance(seconds, bool) or not isinstance(seconds, int | float):
+        raise TypeError(
+            f"{what} takes a delay in seconds (a number) or a timedelta, not {value!r}."
+        )
+    if not math.isfinite(seconds) or not 0 <= seconds <= YEAR:
+        raise ValueError(
+            f"{what} takes a delay from 0 to {YEAR:.0f} seconds (a year), not {value!r}."
+        )
+    return float(seconds)
 
 
 # Recorded as the error of an attempt that failed without its task raising.

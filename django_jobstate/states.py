@@ -34,6 +34,9 @@ class FailureReason(models.TextChoices):
     # Someone cancelled it: queued (it never started), or running (asked to stop, then
     # stopped). Whatever ends an attempt after a cancel request, it is this; never retried.
     CANCELLED = "cancelled", _("Cancelled")
+    # The task raised Snooze: its next attempt runs after the delay it asked for and, as
+    # after RELEASED, does not count this one. Not a failure of the task (get_result()).
+    SNOOZED = "snoozed", _("Snoozed; runs again later")
 
 
 TRANSITIONS: dict[State, frozenset[State]] = {

@@ -18,6 +18,7 @@ from django.utils.module_loading import import_string
 
 from .conf import LIMIT_NAMES, YEAR, get_settings
 from .exceptions import InvalidPayload
+from .retries import DEFAULT_MAX_SNOOZES, from_setting, validate_retry_options
 from .tasksapi import BaseTaskBackend, InvalidTask, Task
 from .uniqueness import UniqueScope, validate_unique
 
@@ -31,6 +32,8 @@ SETTABLE = (
     "unique",
     "unique_scope",
     "on_duplicate",
+    "retry_on",
+    "max_snoozes",
 )
 DEFAULT_SETTING = {
     "max_attempts": "JOBSTATE_DEFAULT_MAX_ATTEMPTS",
@@ -53,6 +56,10 @@ class JobStateTask(Task):
     backoff: float | None = None  # seconds before the second attempt; doubles after
     timeout: float | None = None  # seconds an attempt may run before it is stopped
     atomic: bool = False
+    # Retry only on these exceptions and their subclasses (others fail at once); None: on
+    # every exception. Snooze and DoNotRetry choose for themselves (retries.py).
+    retry_on: tuple[type[Exception], ...] | None = None
+    max_snoozes: int = DEFAULT_MAX_SNOOZES  # times in all the task may raise Snooze
     # At most one live job per key (uniqueness.py): True keys on every argument, a list of
     # parameter names on those; unique_key (given per call with .using()) is the key itself.
     unique: bool | Sequence[str] = False
@@ -65,6 +72,8 @@ class JobStateTask(Task):
     def __post_init__(self) -> None:
         if isinstance(self.unique, list):  # hashable, as the rest of a Task
             object.__setattr__(self, "unique", tuple(self.unique))
+        if isinstance(self.retry_on, list):
+            object.__setattr__(self, "retry_on", tuple(self.retry_on))
         Task.__post_init__(self)
 
     if not hasattr(Task, "_reconstruct"):  # pragma: no cover - the backport pairs run this
@@ -144,6 +153,7 @@ def validate_options(task: Task) -> None:
             f"atomic of task {task.module_path!r} must be True or False, not {atomic!r}."
         )
     validate_unique(task)
+    validate_retry_options(task)
 
 
 def validate_queue(backend: BaseTaskBackend, task: Task) -> None:
@@ -162,7 +172,7 @@ def settings_options(path: str) -> dict[str, Any]:
     options = configured.get(path) if isinstance(configured, Mapping) else None
     if not isinstance(options, Mapping):
         return {}
-    return {name: value for name, value in options.items() if name in SETTABLE}
+    return from_setting(path, {name: value for name, value in options.items() if name in SETTABLE})
 
 
 def with_settings(task: Task) -> Task:

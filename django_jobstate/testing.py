@@ -11,10 +11,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from django.utils import timezone
+
+from .exceptions import Snooze, class_path, describe_error
 from .loading import check_loadable
 from .payload import encode_payload
 from .task_options import JobStateTask, validate_options, validate_queue, with_settings
-from .tasksapi import BaseTaskBackend, Task, TaskResult
+from .tasksapi import (
+    BaseTaskBackend,
+    Task,
+    TaskContext,
+    TaskError,
+    TaskResult,
+    TaskResultStatus,
+    normalize_json,
+    task_enqueued,
+    task_finished,
+    task_started,
+)
 from .tasksapi import DummyBackend as DjangoDummyBackend
 from .tasksapi import ImmediateBackend as DjangoImmediateBackend
 from .uniqueness import is_unique, unique_key
@@ -54,7 +68,46 @@ class ImmediateBackend(JobStateRules, DjangoImmediateBackend):
 
     The options are checked as JobStateBackend checks them, then ignored: one attempt, no
     timeout, no transaction of its own (atomic), as in a test that calls the task directly.
+    A task that raises Snooze leaves its result READY, with no error and no task_finished,
+    as JobStateBackend's result is while the snoozed task waits; nothing runs it later.
+    DoNotRetry, or an exception retry_on does not name, is a FAILED result, as any error.
     """
+
+    def _execute_task(self, task_result: TaskResult) -> None:
+        # Django's (its signals only, as its own sends), with one more outcome: a snooze.
+        # Its own catches every exception and sends task_finished with a FAILED result,
+        # which a snooze is not.
+        object.__setattr__(task_result, "enqueued_at", timezone.now())
+        task_enqueued.send(type(self), task_result=task_result)
+        task = task_result.task
+        started = timezone.now()
+        object.__setattr__(task_result, "status", TaskResultStatus.RUNNING)
+        object.__setattr__(task_result, "started_at", started)
+        object.__setattr__(task_result, "last_attempted_at", started)
+        task_result.worker_ids.append(self.worker_id)
+        task_started.send(type(self), task_result=task_result)
+        context: tuple[TaskContext, ...] = ()
+        if task.takes_context:
+            context = (TaskContext(task_result=task_result),)
+        try:
+            value = task.call(*context, *task_result.args, **task_result.kwargs)
+            object.__setattr__(task_result, "_return_value", normalize_json(value))
+        except KeyboardInterrupt:
+            raise  # the user pressed Ctrl-C, as Django's lets through
+        except Snooze:
+            object.__setattr__(task_result, "status", TaskResultStatus.READY)
+            return
+        except BaseException as exc:
+            object.__setattr__(task_result, "finished_at", timezone.now())
+            error = TaskError(
+                exception_class_path=class_path(exc), traceback=describe_error(exc)["traceback"]
+            )
+            task_result.errors.append(error)
+            object.__setattr__(task_result, "status", TaskResultStatus.FAILED)
+        else:
+            object.__setattr__(task_result, "finished_at", timezone.now())
+            object.__setattr__(task_result, "status", TaskResultStatus.SUCCESSFUL)
+        task_finished.send(type(self), task_result=task_result)
 
 
 class DummyBackend(JobStateRules, DjangoDummyBackend):

@@ -10,6 +10,14 @@ from pathlib import Path
 from django_jobstate.context import JobStateContext
 from django_jobstate.tasksapi import TaskContext, task
 from tests.models import Execution
+from tests.retry_tasks import (  # noqa: F401 (exposed: workers find them here)
+    gives_up,
+    rate_limited_once,
+    retries_on_connection_errors,
+    snoozes_atomically,
+    snoozes_forever,
+    snoozes_twice,
+)
 
 
 @task

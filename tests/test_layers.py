@@ -40,7 +40,16 @@ LAYERS: list[tuple[str, list[str]]] = [
     # The seam to Django's Tasks framework: the backend, task classes and options, loading.
     (
         "framework",
-        ["backend", "testing", "task_options", "loading", "context", "queue_names", "handmade"],
+        [
+            "backend",
+            "testing",
+            "task_options",
+            "retries",
+            "loading",
+            "context",
+            "queue_names",
+            "handmade",
+        ],
     ),
     # Periodic jobs: storing definitions, and the scheduler every supervisor runs.
     ("schedules", ["schedules"]),

@@ -149,6 +149,7 @@ FAILURE_LABELS = {
     FailureReason.INTERRUPTED: _("interrupted"),
     FailureReason.RELEASED: _("released (never started)"),
     FailureReason.CANCELLED: _("cancelled"),
+    FailureReason.SNOOZED: _("snoozed (runs again later)"),
 }
 
 

@@ -27,6 +27,7 @@ from ..runner.stuck import Concern, why_stuck
 from ..states import State
 from ..task_options import option_sources, with_settings
 from ..tasksapi import InvalidTask
+from .attempts import attempt_label
 from .dashboard import DashboardMixin
 from .filters import (
     CappedPaginator,
@@ -40,7 +41,6 @@ from .filters import (
 )
 from .page import (
     JobChangeList,
-    attempt_label,
     failure_html,
     format_duration,
     page_context,
@@ -166,7 +166,7 @@ class JobAdmin(DashboardMixin, StartTaskAdmin, RetryActions, admin.ModelAdmin):
 
     @admin.display(description=_("attempt"))
     def attempt_of(self, job: Job) -> str:
-        return attempt_label(job, getattr(job, "handed_back", 0))
+        return attempt_label(job, getattr(job, "handed_back", 0), getattr(job, "snoozed", 0))
 
     @admin.display(description=_("how queued"))
     def origin(self, job: Job) -> str:
@@ -259,16 +259,17 @@ class JobAdmin(DashboardMixin, StartTaskAdmin, RetryActions, admin.ModelAdmin):
         they were at enqueue."""
         try:
             task = load_task(job.task_path)
+            effective = with_settings(task)  # a retry_on path that no longer imports
+            sources = option_sources(task)
         except InvalidTask as exc:
             return str(exc)
-        effective = with_settings(task)
         stored = {"max_attempts": job.max_attempts, "backoff": job.backoff, "timeout": job.timeout}
         return format_html_join(
             "",
             '<div><code>{}</code> = {} <span class="help">({})</span></div>',
             (
                 (name, stored[name] if name in stored else getattr(effective, name, None), source)
-                for name, source in option_sources(task).items()
+                for name, source in sources.items()
             ),
         )
 

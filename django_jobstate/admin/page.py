@@ -19,6 +19,7 @@ from ..conf import get_settings
 from ..models import Job
 from ..runner.stuck import Concern, Mark, with_liveness
 from ..states import LIVE_STATES, FailureReason, State
+from .attempts import attach_hand_backs, attempt_label
 from .filters import FAILURE_LABELS, local
 
 if TYPE_CHECKING:
@@ -61,32 +62,6 @@ class JobChangeList(ChangeList):
                     for name in ("db_now", "worker_last_seen", "queue_paused_at"):
                         setattr(row, name, getattr(fresh, name))
         self.result_list = rows
-
-
-def attach_hand_backs(jobs: list[Job]) -> None:
-    """Set `handed_back` on each of `jobs`: how many earlier attempts of its task a worker
-    released unstarted. One query for them all (the (result_id, attempt) index)."""
-    tasks = {job.result_id for job in jobs if job.attempt > 1}
-    released: dict[Any, list[int]] = {}
-    if tasks:
-        rows = Job.objects.filter(result_id__in=tasks, failure_reason=FailureReason.RELEASED)
-        for result_id, number in rows.values_list("result_id", "attempt"):
-            released.setdefault(result_id, []).append(number)
-    for job in jobs:
-        numbers = released.get(job.result_id, [])
-        job.handed_back = sum(n < job.attempt for n in numbers)  # type: ignore[attr-defined]
-
-
-def attempt_label(job: Job, handed_back: int) -> str:
-    """'2/3': which of its task's runs this attempt is, not counting the `handed_back`
-    earlier attempts that a worker released unstarted (each added an attempt, not a run).
-    """
-    runs = f"{job.attempt - handed_back}/{max(1, job.max_attempts - handed_back)}"
-    if job.failure_reason == FailureReason.RELEASED:
-        return _("%(runs)s (handed back)") % {"runs": runs}
-    if handed_back:
-        return _("%(runs)s (%(n)d handed back)") % {"runs": runs, "n": handed_back}
-    return runs
 
 
 def mark_text(mark: Mark) -> tuple[str, str]:
@@ -187,6 +162,10 @@ def origins(attempts: list[Job]) -> dict[int, str]:
             text = _("queued again: attempt %(attempt)d never started") % {
                 "attempt": previous.attempt
             }
+        elif previous is not None and previous.failure_reason == FailureReason.SNOOZED:
+            text = _("snoozed: attempt %(attempt)d asked to run again later") % {
+                "attempt": previous.attempt
+            }
         elif previous is not None and previous.attempt < previous.max_attempts:
             text = _("automatic retry")
         elif attempt.attempt > 1:
@@ -203,14 +182,16 @@ def page_context(
     """The history table's rows, and the note (with the Retry button) over a failed job."""
     texts = origins(attempts)
     released = [a.attempt for a in attempts if a.failure_reason == FailureReason.RELEASED]
+    snoozes = [a.attempt for a in attempts if a.failure_reason == FailureReason.SNOOZED]
     for attempt in [job, *attempts]:
         # Attributes for the template and the readonly fields only, not model fields.
         attempt.origin_text = texts.get(attempt.pk, "")  # type: ignore[attr-defined]
         attempt.failure_html = failure_html(attempt)  # type: ignore[attr-defined]
         attempt.duration_text = model_admin.duration(attempt)  # type: ignore[attr-defined]
         earlier = sum(number < attempt.attempt for number in released)
-        attempt.handed_back = earlier  # type: ignore[attr-defined]
-        attempt.attempt_label = attempt_label(attempt, earlier)  # type: ignore[attr-defined]
+        snoozed = sum(number < attempt.attempt for number in snoozes)
+        attempt.handed_back, attempt.snoozed = earlier, snoozed  # type: ignore[attr-defined]
+        attempt.attempt_label = attempt_label(attempt, earlier, snoozed)  # type: ignore[attr-defined]
     context: dict[str, Any] = {"attempts": attempts, **cancel_context(model_admin, request, job)}
     if job.state != State.FAILED:
         return context
@@ -219,17 +200,20 @@ def page_context(
         context["retry_note"] = format_html(_("Retry is not offered: {reason}."), reason=refusal)
         return context
     handed_back: int = job.handed_back  # type: ignore[attr-defined]
+    snoozed_before: int = job.snoozed  # type: ignore[attr-defined]
     why = failure_text(job)
     if handed_back:
         why = _("%(why)s; %(n)d earlier attempts were handed back unstarted") % {
             "why": why,
             "n": handed_back,
         }
+    if snoozed_before:
+        why = _("%(why)s; it snoozed %(n)d times before") % {"why": why, "n": snoozed_before}
     context["retry_note"] = _(
         "Attempt %(attempt)d of %(max)d failed (%(why)s); no further attempt is queued."
     ) % {
-        "attempt": job.attempt - handed_back,
-        "max": max(1, job.max_attempts - handed_back),
+        "attempt": job.attempt - handed_back - snoozed_before,
+        "max": max(1, job.max_attempts - handed_back - snoozed_before),
         "why": why,
     }
     if model_admin.has_view_permission(request, job) and model_admin.has_operate_permission(

@@ -96,12 +96,14 @@ class Outcomes(MySQLWrites):
         error_message: str = "",
         traceback: str = "",
         retry: bool = True,
+        delay: float | None = None,
     ) -> Job | None:
-        """Fail `job` and, if its task allows another attempt (and `retry`), create it;
-        return it.
+        """Fail `job` and, if its task allows another attempt (and `retry`), create it,
+        due after `delay` seconds (None: the task's backoff); return it.
 
-        An attempt RELEASED (claimed, never started) always gets a next attempt, due at
-        once, that does not use up one of the task's attempts. A running attempt that
+        An attempt RELEASED (claimed, never started) or SNOOZED (its task asked to run
+        again later) always gets a next attempt, due at once or after `delay`, that does
+        not use up one of the task's attempts. A running attempt that
         someone asked to cancel fails as CANCELLED whatever ended it (the database
         decides, so a stale `job` cannot miss a request), and is never retried.
         """
@@ -123,10 +125,12 @@ class Outcomes(MySQLWrites):
             )
             if job.failure_reason == FailureReason.CANCELLED or not retry:
                 return None
-            if reason == FailureReason.RELEASED:
+            if reason in (FailureReason.RELEASED, FailureReason.SNOOZED):
                 options: dict[str, Any] = {"max_attempts": job.max_attempts + 1}
+                options["delay"] = delay or 0.0
             elif job.attempt < job.max_attempts:
-                options = {"delay": backoff_delay(job.backoff, job.attempt)}
+                backoff = backoff_delay(job.backoff, job.attempt) if delay is None else delay
+                options = {"delay": backoff}
             else:
                 return None
             try:

@@ -53,8 +53,10 @@ class BurstEnd:
             run_after__gt=Now(), run_after__lte=Now() + timedelta(seconds=BURST_HORIZON)
         )
         try:
-            ids = list(runnable.values_list("pk", flat=True)[:LOCKED_LISTED])
+            # `later` first: a job that falls due between the two reads is then runnable
+            # in the second (the other order would miss it in both, and exit before it).
             due_later = later.exists()
+            ids = list(runnable.values_list("pk", flat=True)[:LOCKED_LISTED])
         except DatabaseError:
             connections[self.db].close()
             return False  # the next claim says what is wrong

@@ -21,7 +21,8 @@ from ..backend import JobStateBackend, to_task_result
 from ..exceptions import LostRace
 from ..managers import connection_lost, describe_error
 from ..models import Job
-from ..states import State
+from ..retries import Next, decide
+from ..states import FailureReason, State
 from ..tasksapi import Task, send, task_finished
 from ..telemetry import metrics
 from ..telemetry.logs import job_fields
@@ -66,7 +67,8 @@ class OutcomeWriter:
                     )
         for outcome in failures:
             try:
-                self.retrying(functools.partial(self._fail, outcome))
+                decided = self._next(outcome)
+                self.retrying(functools.partial(self._fail, outcome, decided))
             except LostRace as exc:
                 self.lost_race(outcome.job, str(exc))
             except DatabaseError as exc:  # refused for good (retrying() retries the rest)
@@ -103,9 +105,29 @@ class OutcomeWriter:
         else:
             outcome.error = outcome.error or refused  # not ours to write any more
 
-    def _fail(self, outcome: Outcome) -> None:
+    def _next(self, outcome: Outcome) -> Next:
+        """The task's retry policy applied to a failed outcome (retries.py); `outcome`
+        takes the reason and error to record (SNOOZED, SnoozeLimitReached)."""
         assert outcome.error is not None
-        Job.objects.fail(outcome.job, outcome.reason, **describe_error(outcome.error))
+        try:
+            task: Task | None = self.task_of(outcome.job.task_path)
+        except Exception:  # not a task (any more): no policy of its own
+            task = None
+        snoozed = Job.objects.attempts_of(outcome.job.result_id).filter(
+            failure_reason=FailureReason.SNOOZED
+        )
+        decided = decide(task, outcome.error, outcome.reason, lambda: self.retrying(snoozed.count))
+        outcome.reason, outcome.error = decided.reason, decided.error
+        return decided
+
+    def _fail(self, outcome: Outcome, decided: Next) -> None:
+        Job.objects.fail(
+            outcome.job,
+            decided.reason,
+            retry=decided.retry,
+            delay=decided.delay,
+            **describe_error(decided.error),
+        )
 
     def retrying(self, write: Callable[[], T]) -> T:
         """Run an outcome write until the database takes it: the outcome is known."""
@@ -153,6 +175,16 @@ class OutcomeWriter:
                     took,
                     extra=job_fields(job, "job.succeeded", duration_ms=round(took * 1000, 3)),
                 )
+        elif job.failure_reason == FailureReason.SNOOZED:
+            # Not finished: its next attempt is queued (no task_finished, not a failure).
+            logger.info(
+                "Job %s %s attempt %d/%d snoozed after %.3fs: %s",
+                *what,
+                took,
+                error,
+                extra=job_fields(job, "job.snoozed", duration_ms=round(took * 1000, 3)),
+            )
+            return
         else:
             described = describe_error(error)
             reason = job.failure_reason or outcome.reason

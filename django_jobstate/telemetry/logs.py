@@ -7,7 +7,7 @@ The events, stable names a log search can rely on:
     worker.skipped_locked (job_ids: the runnable jobs a --burst run left, locked),
     supervisor.signal, supervisor.database_unavailable, supervisor.outcomes_unwritten,
     runjobs.database_unavailable, runjobs.unknown_queue, metrics.serving,
-    job.succeeded, job.failed, job.handed_back, job.outcome_discarded, job.no_signal,
+    job.succeeded, job.failed, job.snoozed, job.handed_back, job.outcome_discarded, job.no_signal,
     job.settled (failed by a supervisor or rescuer: lost, timeout, released, interrupted),
     database.unavailable, heartbeat.failed, rescue.failed, wakeup.lost, wakeup.restored
 """

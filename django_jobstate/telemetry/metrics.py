@@ -77,7 +77,9 @@ class Recorder:
         from ..states import FailureReason
 
         reason = job.failure_reason
-        self.finished_total.labels(job.queue_name, job.task_path, job.state, reason).inc()
+        # A snoozed attempt is failed in the table, but no failure of its task.
+        state = "snoozed" if reason == FailureReason.SNOOZED else job.state
+        self.finished_total.labels(job.queue_name, job.task_path, state, reason).inc()
         started, finished = job.started_at, job.finished_at
         if duration is None and reason != FailureReason.RELEASED and started and finished:
             duration = (finished - started).total_seconds()
