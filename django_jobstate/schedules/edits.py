@@ -116,7 +116,12 @@ def add(d: Definition) -> Schedule:
         )
         row.save(using=db, force_insert=True)
         notify(db, d.name)
-    logger.info("Schedule %s: added in the admin (%s)", d.name, d.expression)
+    logger.info(
+        "Schedule %s: added in the admin (%s)",
+        d.name,
+        d.expression,
+        extra={"event": "schedule.added"},
+    )
     return row
 
 
@@ -138,7 +143,12 @@ def edit(row: Schedule, d: Definition) -> Schedule:
         with transaction.atomic(using=db):
             if same.update(**values):
                 notify(db, row.name)
-                logger.info("Schedule %s: changed in the admin (%s)", d.name, d.expression)
+                logger.info(
+                    "Schedule %s: changed in the admin (%s)",
+                    d.name,
+                    d.expression,
+                    extra={"event": "schedule.changed"},
+                )
                 return Schedule.objects.using(db).get(name=row.name)
         fresh = Schedule.objects.using(db).filter(name=row.name, origin=Origin.ADMIN).first()
         if fresh is None:

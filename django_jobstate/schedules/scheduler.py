@@ -65,15 +65,30 @@ class Scheduler:
         if definitions is None:
             definitions, errors = load()
             for exc in errors:
-                logger.error("%s: not scheduled: %s", name, exc)
+                logger.error(
+                    "%s: not scheduled: %s",
+                    name,
+                    exc,
+                    extra={"event": "scheduler.invalid_schedule"},
+                )
             self.settings_valid = not errors
         self.definitions = definitions
         if definitions:
             listed = [f"{d.name} ({d.expression})" for d in list(definitions.values())[:10]]
             more = f" and {len(definitions) - 10} more" if len(definitions) > 10 else ""
-            logger.info("%s: schedules %s%s", name, ", ".join(listed), more)
+            logger.info(
+                "%s: schedules %s%s",
+                name,
+                ", ".join(listed),
+                more,
+                extra={"event": "scheduler.started"},
+            )
         else:
-            logger.info("%s: no schedules in the settings (the admin's tick too)", name)
+            logger.info(
+                "%s: no schedules in the settings (the admin's tick too)",
+                name,
+                extra={"event": "scheduler.started"},
+            )
         self.by_hash = {d.hash: d for d in definitions.values()}
         self.synced = False
         self._hold: dict[str, float] = {}  # {name: monotonic time before which not to try}
@@ -182,6 +197,7 @@ class Scheduler:
                     "Schedule %s: tick %s taken by another scheduler (or the row changed)",
                     d.name,
                     due.isoformat(),
+                    extra={"event": "schedule.tick_taken"},
                 )
                 return
             ticks = self._not_enqueued(db, d, plan.enqueue) if enqueued_checked else plan.enqueue
@@ -200,6 +216,7 @@ class Scheduler:
                     d.name,
                     tick.isoformat(),
                     found[tick],
+                    extra={"event": "schedule.tick_enqueued_already"},
                 )
         return [tick for tick in ticks if tick not in found]
 
@@ -219,11 +236,18 @@ class Scheduler:
                     tick.isoformat(),
                     job.pk,
                     job.state,
+                    extra={"event": "schedule.tick_skipped"},
                 )
                 updates["skipped"] = F("skipped") + 1
                 updates["last_skipped_at"] = tick
             else:
-                logger.debug("Schedule %s: tick %s enqueued as job %s", d.name, tick, job.pk)
+                logger.debug(
+                    "Schedule %s: tick %s enqueued as job %s",
+                    d.name,
+                    tick,
+                    job.pk,
+                    extra={"event": "schedule.tick_enqueued"},
+                )
                 updates.update(last_tick_at=tick, last_result_id=job.result_id)
                 last = job.result_id
         if plan.missed:
@@ -234,6 +258,7 @@ class Scheduler:
                 plan.next_tick_at.isoformat(),
                 d.catch_up,
                 d.max_lateness,
+                extra={"event": "schedule.ticks_missed"},
             )
             updates["missed"] = F("missed") + plan.missed
         if updates:
@@ -249,6 +274,7 @@ class Scheduler:
             d.name,
             HOLD,
             exc,
+            extra={"event": "schedule.tick_failed"},
         )
         self._hold[d.name] = time.monotonic() + HOLD
 
@@ -264,5 +290,6 @@ class Scheduler:
             type(exc).__name__,
             exc,
             exc_info=exc,
+            extra={"event": "schedule.failed"},
         )
         self._hold[name] = time.monotonic() + HOLD

@@ -39,11 +39,20 @@ class SchedulerThread(threading.Thread):
                     failures = 0
                 except DatabaseError as exc:
                     failures += 1
-                    logger.warning("%s: database unavailable (%s); will retry", self.name_, exc)
+                    logger.warning(
+                        "%s: database unavailable (%s); will retry",
+                        self.name_,
+                        exc,
+                        extra={"event": "scheduler.database_unavailable"},
+                    )
                     close_connection()
                     wait = min(0.25 * 2**failures, 5.0)
                 except Exception:  # a bug must not stop every schedule for good
-                    logger.exception("%s: the scheduler failed; will retry", self.name_)
+                    logger.exception(
+                        "%s: the scheduler failed; will retry",
+                        self.name_,
+                        extra={"event": "scheduler.failed"},
+                    )
                     wait = HOLD
                 self._wakeup.wait(wait)
         finally:

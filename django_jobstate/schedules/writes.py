@@ -123,6 +123,7 @@ def sync(definitions: Iterable[Definition], *, remove: bool = True) -> list[str]
             "settings, or delete the admin's (then the next start of runjobs, or "
             "`manage.py schedules --sync`, stores the settings' ones).",
             ", ".join(clashes),
+            extra={"event": "schedules.name_clash"},
         )
     definitions = [d for d in definitions if d.name not in clashes]
     rows = {name: row for name, row in rows.items() if row.origin == Origin.SETTINGS}
@@ -143,12 +144,17 @@ def sync(definitions: Iterable[Definition], *, remove: bool = True) -> list[str]
         Schedule.objects.using(db).filter(
             name__in=gone, removed_at=None, origin=Origin.SETTINGS
         ).update(removed_at=now)
-        logger.info("Schedules no longer in the settings, stopped: %s", ", ".join(sorted(gone)))
+        logger.info(
+            "Schedules no longer in the settings, stopped: %s",
+            ", ".join(sorted(gone)),
+            extra={"event": "schedules.removed"},
+        )
     elif gone:
         logger.warning(
             "Schedules %s are not in the settings, which have errors: kept as they are "
             "(fix the settings, and they tick again; remove them, and they stop).",
             ", ".join(sorted(gone)),
+            extra={"event": "schedules.kept"},
         )
     return clashes
 
@@ -181,7 +187,12 @@ def store(db: str, d: Definition, row: Schedule) -> None:
             next_tick_at=row.next_tick_at,
         )
         if same.update(**d.fields(), next_tick_at=d.next_tick(after), removed_at=None):
-            logger.info("Schedule %s: stored this process's definition (%s)", d.name, d.expression)
+            logger.info(
+                "Schedule %s: stored this process's definition (%s)",
+                d.name,
+                d.expression,
+                extra={"event": "schedule.stored"},
+            )
             return
         fresh = Schedule.objects.using(db).filter(name=d.name, origin=Origin.SETTINGS).first()
         if stored(d, fresh):
@@ -192,6 +203,7 @@ def store(db: str, d: Definition, row: Schedule) -> None:
         "Schedule %s: its row kept changing; this process's definition is not stored yet "
         "(its next restart, or `manage.py schedules --sync`, stores it)",
         d.name,
+        extra={"event": "schedule.not_stored"},
     )
 
 

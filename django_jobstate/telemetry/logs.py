@@ -9,7 +9,12 @@ The events, stable names a log search can rely on:
     runjobs.database_unavailable, runjobs.unknown_queue, metrics.serving,
     job.succeeded, job.failed, job.snoozed, job.handed_back, job.outcome_discarded, job.no_signal,
     job.settled (failed by a supervisor or rescuer: lost, timeout, released, interrupted),
-    database.unavailable, heartbeat.failed, rescue.failed, wakeup.lost, wakeup.restored
+    database.unavailable, heartbeat.failed, rescue.failed, wakeup.lost, wakeup.restored,
+    scheduler.started, scheduler.invalid_schedule, scheduler.database_unavailable,
+    scheduler.failed, schedule.tick_enqueued, schedule.tick_taken,
+    schedule.tick_enqueued_already, schedule.tick_skipped, schedule.ticks_missed,
+    schedule.tick_failed, schedule.failed, schedule.stored, schedule.not_stored,
+    schedule.added, schedule.changed, schedules.removed, schedules.kept, schedules.name_clash
 """
 
 from __future__ import annotations
