@@ -177,7 +177,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     def last_tick(self, schedule: Schedule) -> str:
         return when(schedule.last_tick_at, timezone.now())
 
-    @admin.display(description=_("skip/miss"))
+    @admin.display(description=_("skip / miss"))
     def skipped_missed(self, schedule: Schedule) -> str:
         # One column for both: the list fits 1366 px beside the origin.
         return f"{schedule.skipped} / {schedule.missed}"
