@@ -240,6 +240,8 @@ class ScheduleAdmin(admin.ModelAdmin):
                 )
                 continue
             (skipped if job.deduplicated else done).append((schedule.name, job))
+            if not job.deduplicated:  # work started by hand: who, as Start a task logs it
+                self.log_change(request, schedule, f"Run now: job #{job.pk}.")
         link = "<a href='{}'>{} (job {})</a>"
 
         def links(pairs: list[tuple[str, Job]]) -> str:
