@@ -65,12 +65,25 @@ def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]
 
 def click_and_load(driver, element) -> None:
     """Click something that loads a new page, and wait until the old one is gone."""
-    from selenium.webdriver.support import expected_conditions
+    from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
     from selenium.webdriver.support.wait import WebDriverWait
 
     html = driver.find_element("tag name", "html")
     element.click()
-    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(html))
+
+    def gone(_driver) -> bool:
+        try:
+            html.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            # Asked in the middle of the navigation, Chromium says so instead of "stale".
+            if "does not belong to the document" in str(exc):
+                return True
+            raise
+        return False
+
+    WebDriverWait(driver, 10).until(gone)
 
 
 def screenshot(driver, name: str) -> None:
@@ -85,6 +98,15 @@ def screenshot(driver, name: str) -> None:
 PASSWORD = "s3cret-pw"
 # The sizes operators use; the browser's own window (1440x1000) is the rest of each test's.
 SIZES = {"laptop": (1366, 768), "phone": (390, 844)}
+
+
+def staff_user(*codenames: str, username: str = "operator") -> object:
+    """A staff user holding the permissions `codenames` ("view_job"), password PASSWORD."""
+    from django.contrib.auth.models import Permission, User
+
+    user = User.objects.create_user(username, password=PASSWORD, is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(codename__in=codenames))
+    return user
 
 
 def login(driver, url: str, username: str = "operator", password: str = PASSWORD) -> None:

@@ -4,12 +4,20 @@
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import State
-from tests.browser import PASSWORD, browser, click_and_load, login, not_available, screenshot
+from tests.browser import (
+    PASSWORD,
+    browser,
+    click_and_load,
+    login,
+    not_available,
+    screenshot,
+    staff_user,
+)
 from tests.factories import JobFactory
 
 __all__ = ["browser"]  # the fixture
@@ -21,10 +29,7 @@ def test_operator_finds_a_failed_job_and_retries_it(browser, live_server):
     from selenium.webdriver.support.select import Select
 
     driver = browser
-    operator = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_job", "change_job"])
-    )
+    staff_user("view_job", "change_job")
     first = JobFactory.in_state(State.FAILED, task_path="tests.tasks.boom", max_attempts=3)
     failed = JobFactory.in_state(
         State.FAILED,
@@ -122,10 +127,7 @@ def test_retry_button_on_a_failed_jobs_page(browser, live_server):
     from selenium.webdriver.common.by import By
 
     driver = browser
-    operator = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_job", "change_job"])
-    )
+    staff_user("view_job", "change_job")
     failed = JobFactory.in_state(State.FAILED, task_path="tests.tasks.boom", max_attempts=1)
     login(driver, f"{live_server.url}/admin/django_jobstate/job/{failed.pk}/change/")
 

@@ -3,11 +3,10 @@ after real jobs ran: the charts draw, the figures refresh without a reload, the 
 at 1366x768 and at 390 px wide (screenshots of both in artifacts/)."""
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobstate.runner.worker import Worker
 from tests import tasks
-from tests.browser import PASSWORD, at_sizes, browser, click_and_load, login
+from tests.browser import at_sizes, browser, click_and_load, login, staff_user
 
 __all__ = ["browser"]  # the fixture
 
@@ -22,8 +21,7 @@ def test_the_dashboard_draws_refreshes_and_fits_after_real_jobs(browser, live_se
     from selenium.webdriver.support.wait import WebDriverWait
 
     driver = browser
-    operator = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
-    operator.user_permissions.set(Permission.objects.filter(codename="view_job"))
+    staff_user("view_job")
     for i in range(6):
         tasks.record.enqueue(f"r{i}")
     for _ in range(3):

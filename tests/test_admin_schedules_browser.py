@@ -4,12 +4,11 @@ Run now. The browser fixture and its rules are test_admin_browser's."""
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobstate.models import Job, Schedule
 from django_jobstate.schedules.definitions import Definition
 from django_jobstate.schedules.scheduler import Scheduler, sync
-from tests.browser import PASSWORD, at_sizes, browser, click_and_load, login, screenshot
+from tests.browser import at_sizes, browser, click_and_load, login, screenshot, staff_user
 from tests.test_schedules_race import env
 
 __all__ = ["browser"]  # the fixture
@@ -40,10 +39,7 @@ def test_operator_sees_the_schedules_disables_one_and_runs_another(browser, live
     from selenium.webdriver.support.select import Select
 
     driver = browser
-    operator = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_schedule", "change_schedule", "view_job"])
-    )
+    staff_user("view_schedule", "change_schedule", "view_job")
     sync([NIGHTLY, POLL])
     due = Schedule.objects.get(name="poll-feeds").next_tick_at - timedelta(seconds=300)
     Schedule.objects.filter(name="poll-feeds").update(next_tick_at=due)
@@ -102,12 +98,7 @@ def test_operator_adds_a_schedule_through_the_form_and_sees_its_first_job(
     from selenium.webdriver.support.wait import WebDriverWait
 
     driver = browser
-    operator = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(
-            codename__in=["view_schedule", "add_schedule", "change_schedule", "view_job"]
-        )
-    )
+    staff_user("view_schedule", "add_schedule", "change_schedule", "view_job")
     sync([NIGHTLY])  # one of the settings' beside it, which runjobs defines too
     nightly = {"task": NIGHTLY.task_path, "cron": NIGHTLY.cron, "timezone": NIGHTLY.timezone}
     proc = runjobs.start("--concurrency", "1", **env({NIGHTLY.name: nightly}))

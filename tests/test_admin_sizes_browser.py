@@ -6,7 +6,7 @@ artifacts/; the confirmation flow is driven as an operator would."""
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from django_jobstate.models import Job, JobQueue, WorkerHeartbeat
@@ -19,6 +19,7 @@ from tests.browser import (
     click_and_load,
     login,
     save_page,
+    staff_user,
     use_size,
 )
 from tests.factories import JobFactory
@@ -107,10 +108,7 @@ def test_list_page_and_confirmation_fit_a_laptop_and_a_phone(browser, live_serve
     settings.JOBSTATE_HEARTBEAT_INTERVAL = 60.0
     settings.JOBSTATE_LOST_AFTER = 600.0
     driver = browser
-    operator = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_job", "change_job"])
-    )
+    staff_user("view_job", "change_job")
     jobs = busy_console()
     login(driver, f"{live_server.url}/admin/django_jobstate/job/")
 
@@ -180,10 +178,7 @@ def test_cancel_of_a_running_job_asks_first_in_the_browser(browser, live_server)
 def test_the_queues_page_fits_a_laptop_and_a_phone(browser, live_server):
     """The page an operator pauses a queue from, mid-incident: counts and who paused it."""
     driver = browser
-    operator = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_jobqueue", "change_jobqueue", "view_job"])
-    )
+    staff_user("view_jobqueue", "change_jobqueue", "view_job")
     busy_console()  # "emails" paused, with a queued job; others queued and running
     JobQueue.objects.pause("billing-reconciliation", by="web-01.prod.example.com ops on call")
     login(driver, f"{live_server.url}/admin/django_jobstate/jobqueue/")

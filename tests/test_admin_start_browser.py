@@ -3,11 +3,10 @@
 test_admin_browser's; screenshots at 1366x768 and 390 px wide go to artifacts/."""
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobstate.models import Job
 from django_jobstate.states import State
-from tests.browser import PASSWORD, at_sizes, browser, click_and_load, login
+from tests.browser import at_sizes, browser, click_and_load, login, staff_user
 from tests.models import Execution
 from tests.waiting import wait_for
 
@@ -23,10 +22,7 @@ def test_operator_starts_a_task_from_the_form_and_a_real_worker_runs_it(
     from selenium.webdriver.support.select import Select
 
     driver = browser
-    operator = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_job", "enqueue_task"])
-    )
+    staff_user("view_job", "enqueue_task")
     runjobs.start("--queue", "default")
 
     login(driver, f"{live_server.url}/admin/django_jobstate/job/")

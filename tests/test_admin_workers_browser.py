@@ -4,13 +4,12 @@ The browser fixture and its rules are test_admin_browser's."""
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobstate.dbclock import Now
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import State
 from tests import tasks
-from tests.browser import PASSWORD, at_sizes, browser, click_and_load, login
+from tests.browser import at_sizes, browser, click_and_load, login, staff_user
 from tests.factories import JobFactory
 from tests.waiting import wait_for
 
@@ -38,10 +37,7 @@ def test_operator_sees_a_running_worker_and_the_job_it_holds(
     settings.JOBSTATE_HEARTBEAT_INTERVAL = 5.0
     settings.JOBSTATE_LOST_AFTER = 30.0
     driver = browser
-    operator = User.objects.create_user("operator", password=PASSWORD, is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_workerheartbeat", "view_job"])
-    )
+    staff_user("view_workerheartbeat", "view_job")
     result = tasks.sleep_then_record.using(queue_name="emails").enqueue("held", 600)
     proc = runjobs.start("--queue", "emails", "--queue", "default", "--concurrency", "2")
     job = wait_for(
