@@ -4,6 +4,7 @@ page stays off the history however much of it there is (the console's queries us
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from django.db import connection
@@ -34,11 +35,13 @@ def job_table_reads(sql: str, params: Any = None) -> set[tuple[str, str | None]]
     type and index name; MariaDB/MySQL's access type and key; SQLite's SEARCH or SCAN and
     the index it uses ("rowid" for a lookup by primary key, None for a walk of the table)."""
     table, reads = Job._meta.db_table, set()
+    # A plan names a read by the table's alias, if any (Django's subqueries: U0).
+    names = {table, *re.findall(rf'[`"]{table}[`"] [`"](\w+)[`"]', sql)}
     with connection.cursor() as cursor:
         if connection.vendor == "sqlite":
             cursor.execute(f"EXPLAIN QUERY PLAN {sql}", params)
             for *_ids, detail in cursor.fetchall():
-                if f" {table}" in detail or detail.endswith(table):
+                if any(f" {name} " in f"{detail} " for name in names):
                     how = detail.split()[0]
                     index = detail.split(" INDEX ")[1].split()[0] if " INDEX " in detail else None
                     reads.add((how, index or ("rowid" if how == "SEARCH" else None)))
@@ -52,7 +55,7 @@ def job_table_reads(sql: str, params: Any = None) -> set[tuple[str, str | None]]
             if mysql:
                 children = node.values() if isinstance(node, dict) else node
                 stack.extend(c for c in children if isinstance(c, dict | list))
-                if isinstance(node, dict) and node.get("table_name") == table:
+                if isinstance(node, dict) and node.get("table_name") in names:
                     reads.add((node["access_type"], node.get("key")))
             else:
                 stack.extend(node.get("Plans", []))

@@ -1,88 +1,26 @@
-"""The job admin in a real browser: Debian's headless Chromium against a live test server.
+"""The job admin in a real browser: Debian's headless Chromium against a live test server
+(the fixture and the shared helpers are tests/browser.py's)."""
 
-Never a downloaded browser or driver: both paths are explicit, so Selenium Manager has
-nothing to fetch. Without them the test skips with a loud reason, except under CI=true,
-where it fails: CI installs them (.ci/run) and must not skip.
-"""
-
-import os
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import State
+from tests.browser import (
+    PASSWORD,
+    browser,
+    click_and_load,
+    login,
+    not_available,
+    screenshot,
+    staff_user,
+)
 from tests.factories import JobFactory
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMEDRIVER = Path("/usr/bin/chromedriver")
-ARTIFACTS = Path(__file__).resolve().parent.parent / "artifacts"
-
-
-def not_available(reason: str) -> None:
-    reason = f"BROWSER TEST NOT RUN: {reason}"
-    if os.environ.get("CI") == "true":
-        pytest.fail(f"{reason} (CI=true: browser tests must run in CI)", pytrace=False)
-    pytest.skip(reason)
-
-
-@pytest.fixture
-def browser(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[object]:
-    missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.exists()]
-    if missing:
-        not_available(
-            f"{' and '.join(missing)} not found. Install Debian's packages: "
-            f"apt-get install chromium chromium-driver"
-        )
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
-    except ImportError:
-        not_available("selenium is not installed (it is in the test dependency group)")
-    # Belt and braces: Selenium Manager must never download a browser or a driver.
-    monkeypatch.setenv("SE_OFFLINE", "true")
-    monkeypatch.setenv("SE_AVOID_STATS", "true")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)
-    for flag in [
-        "--headless=new",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--window-size=1440,1000",
-        f"--user-data-dir={tmp_path / 'chromium-profile'}",
-    ]:
-        options.add_argument(flag)
-    driver = webdriver.Chrome(options=options, service=Service(str(CHROMEDRIVER)))
-    yield driver
-    driver.quit()
-
-
-def click_and_load(driver, element) -> None:
-    """Click something that loads a new page, and wait until the old one is gone."""
-    from selenium.webdriver.support import expected_conditions
-    from selenium.webdriver.support.wait import WebDriverWait
-
-    html = driver.find_element("tag name", "html")
-    element.click()
-    WebDriverWait(driver, 10).until(expected_conditions.staleness_of(html))
-
-
-def screenshot(driver, name: str) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    # The whole page, not just the window: resize to the document's height first.
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1440, max(1000, height))
-    assert driver.save_screenshot(str(ARTIFACTS / name))
-    driver.set_window_size(1440, 1000)
+__all__ = ["browser"]  # the fixture
 
 
 @pytest.mark.django_db(transaction=True)
@@ -91,10 +29,7 @@ def test_operator_finds_a_failed_job_and_retries_it(browser, live_server):
     from selenium.webdriver.support.select import Select
 
     driver = browser
-    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_job", "change_job"])
-    )
+    staff_user("view_job", "change_job")
     first = JobFactory.in_state(State.FAILED, task_path="tests.tasks.boom", max_attempts=3)
     failed = JobFactory.in_state(
         State.FAILED,
@@ -119,10 +54,7 @@ def test_operator_finds_a_failed_job_and_retries_it(browser, live_server):
     JobFactory.in_state(State.QUEUED, priority=10)
 
     # Log in through the login form.
-    driver.get(f"{live_server.url}/admin/django_jobstate/job/")
-    driver.find_element(By.NAME, "username").send_keys("operator")
-    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
-    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    login(driver, f"{live_server.url}/admin/django_jobstate/job/")
     assert driver.find_element(By.ID, "changelist")
     assert driver.find_element(By.CSS_SELECTOR, ".jobstate-count.jobstate-all").text == "All 5"
 
@@ -195,15 +127,9 @@ def test_retry_button_on_a_failed_jobs_page(browser, live_server):
     from selenium.webdriver.common.by import By
 
     driver = browser
-    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_job", "change_job"])
-    )
+    staff_user("view_job", "change_job")
     failed = JobFactory.in_state(State.FAILED, task_path="tests.tasks.boom", max_attempts=1)
-    driver.get(f"{live_server.url}/admin/django_jobstate/job/{failed.pk}/change/")
-    driver.find_element(By.NAME, "username").send_keys("operator")
-    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
-    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    login(driver, f"{live_server.url}/admin/django_jobstate/job/{failed.pk}/change/")
 
     note = driver.find_element(By.CSS_SELECTOR, ".jobstate-note")
     assert note.text.startswith(
@@ -243,17 +169,14 @@ def test_a_stuck_attempt_is_marked_where_the_operator_looks(browser, live_server
     settings.JOBSTATE_HEARTBEAT_INTERVAL = 60.0
     settings.JOBSTATE_LOST_AFTER = 600.0
     driver = browser
-    User.objects.create_superuser("operator", password="s3cret-pw")
+    User.objects.create_superuser("operator", password=PASSWORD)
     long_ago = timezone.now() - timedelta(minutes=5)
     WorkerHeartbeat.objects.create(
         worker_id="web-1:99", host="web-1", pid=99, started_at=long_ago, last_seen=long_ago
     )
     stuck = JobFactory.in_state(State.RUNNING, worker_id="web-1:99", started_at=long_ago)
     healthy = JobFactory.in_state(State.RUNNING, task_path="tests.tasks.email")
-    driver.get(f"{live_server.url}/admin/django_jobstate/job/")
-    driver.find_element(By.NAME, "username").send_keys("operator")
-    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
-    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    login(driver, f"{live_server.url}/admin/django_jobstate/job/")
 
     [mark] = driver.find_elements(By.CSS_SELECTOR, "#result_list .jobstate-stuck")
     assert mark.is_displayed()

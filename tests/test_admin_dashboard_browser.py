@@ -2,32 +2,13 @@
 after real jobs ran: the charts draw, the figures refresh without a reload, the page fits
 at 1366x768 and at 390 px wide (screenshots of both in artifacts/)."""
 
-import base64
-
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobstate.runner.worker import Worker
 from tests import tasks
-from tests.test_admin_browser import ARTIFACTS, browser, click_and_load  # noqa: F401
+from tests.browser import at_sizes, browser, click_and_load, login, staff_user
 
-SIZES = {"desktop": (1366, 768), "phone": (390, 844)}
-
-
-def screenshot_at(driver, name: str, size: tuple[int, int]) -> None:
-    """Save the whole page at that width; fail if the page is wider than the window."""
-    driver.set_window_size(*size)
-    inner = driver.execute_script("return window.innerWidth")
-    page = driver.execute_script("return document.documentElement.scrollWidth")
-    assert page <= inner, f"{name}: the page is {page} px wide in a {inner} px window"
-    # The whole page, past the window's height (a window is no taller than its screen).
-    content = driver.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
-    clip = {"x": 0, "y": 0, "width": content["width"], "height": content["height"], "scale": 1}
-    shot = driver.execute_cdp_cmd(
-        "Page.captureScreenshot", {"format": "png", "captureBeyondViewport": True, "clip": clip}
-    )
-    ARTIFACTS.mkdir(exist_ok=True)
-    (ARTIFACTS / name).write_bytes(base64.b64decode(shot["data"]))
+__all__ = ["browser"]  # the fixture
 
 
 def run_jobs() -> None:
@@ -35,13 +16,12 @@ def run_jobs() -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_dashboard_draws_refreshes_and_fits_after_real_jobs(browser, live_server):  # noqa: F811
+def test_the_dashboard_draws_refreshes_and_fits_after_real_jobs(browser, live_server):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.wait import WebDriverWait
 
     driver = browser
-    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
-    operator.user_permissions.set(Permission.objects.filter(codename="view_job"))
+    staff_user("view_job")
     for i in range(6):
         tasks.record.enqueue(f"r{i}")
     for _ in range(3):
@@ -50,10 +30,7 @@ def test_the_dashboard_draws_refreshes_and_fits_after_real_jobs(browser, live_se
     run_jobs()
 
     # From the job list, by its link.
-    driver.get(f"{live_server.url}/admin/django_jobstate/job/")
-    driver.find_element(By.NAME, "username").send_keys("operator")
-    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
-    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    login(driver, f"{live_server.url}/admin/django_jobstate/job/")
     click_and_load(
         driver, driver.find_element(By.CSS_SELECTOR, ".object-tools a[href$='/dashboard/']")
     )
@@ -75,11 +52,11 @@ def test_the_dashboard_draws_refreshes_and_fits_after_real_jobs(browser, live_se
     failing = driver.find_elements(By.CSS_SELECTOR, ".jobstate-failing tbody tr")
     assert [row.find_element(By.TAG_NAME, "th").text for row in failing] == ["boom"]
     assert "disk <b>full</b>" in failing[0].text  # shown as text, not markup
-    for name, size in SIZES.items():
-        screenshot_at(driver, f"admin-dashboard-{name}.png", size)
+    at_sizes(
+        driver, {"laptop": "admin-dashboard-desktop.png", "phone": "admin-dashboard-phone.png"}
+    )
 
     # The figures follow the jobs without a reload: a marker set on the page survives.
-    driver.set_window_size(*SIZES["desktop"])
     driver.get(f"{live_server.url}/admin/django_jobstate/job/dashboard/?refresh=2")
     driver.execute_script("window.jobstateNotReloaded = true")
     for i in range(4):

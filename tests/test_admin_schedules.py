@@ -4,6 +4,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.models import Permission, User
 from django.contrib.messages import get_messages
 from django.urls import reverse
@@ -105,6 +106,12 @@ def test_run_now_enqueues_an_extra_job_and_leaves_the_ticks_alone(client, schedu
     assert message == f"Enqueued: <a href='{url}'>poll (job {job.pk})</a>"
     assert (job.state, job.attempt) == (State.QUEUED, 1)
     assert Schedule.objects.get(name="poll").next_tick_at == before
+    # Work started by hand: the admin log says who, as Start a task's does.
+    [entry] = LogEntry.objects.filter(object_id="poll")
+    assert (entry.user.username, entry.get_change_message()) == (
+        User.objects.get().username,
+        f"Run now: job #{job.pk}.",
+    )
     # A unique schedule whose last run is still live: not another one.
     [message] = act(client, "run_now", "poll")
     assert message.startswith("Not enqueued, a job with the same unique key is still live")

@@ -4,12 +4,11 @@ Run now. The browser fixture and its rules are test_admin_browser's."""
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobstate.models import Job, Schedule
 from django_jobstate.schedules.definitions import Definition
 from django_jobstate.schedules.scheduler import Scheduler, sync
-from tests.test_admin_browser import ARTIFACTS, browser, click_and_load, screenshot
+from tests.browser import at_sizes, browser, click_and_load, login, screenshot, staff_user
 from tests.test_schedules_race import env
 
 __all__ = ["browser"]  # the fixture
@@ -20,25 +19,33 @@ NIGHTLY = Definition(
 POLL = Definition(name="poll-feeds", task_path="tests.tasks.noop", every=300, unique=True)
 
 
+def columns_in_view(driver, size: str) -> None:
+    from selenium.webdriver.common.by import By
+
+    """At 1366x768 every column of the list shows whole; on a phone it scrolls in its box."""
+    if size == "laptop":
+        assert driver.find_element(By.ID, "nav-sidebar").is_displayed()
+        assert driver.find_element(By.ID, "changelist-filter").is_displayed()
+        found = driver.execute_script(
+            "const box = document.querySelector('#changelist .results');"
+            "return [box.scrollWidth, box.clientWidth];"
+        )
+        assert found[0] <= found[1], f"a column of the schedules is cut off: {found}"
+
+
 @pytest.mark.django_db(transaction=True)
 def test_operator_sees_the_schedules_disables_one_and_runs_another(browser, live_server):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.select import Select
 
     driver = browser
-    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_schedule", "change_schedule", "view_job"])
-    )
+    staff_user("view_schedule", "change_schedule", "view_job")
     sync([NIGHTLY, POLL])
     due = Schedule.objects.get(name="poll-feeds").next_tick_at - timedelta(seconds=300)
     Schedule.objects.filter(name="poll-feeds").update(next_tick_at=due)
     Scheduler("t", {d.name: d for d in (NIGHTLY, POLL)}).run_once()  # a tick of poll-feeds
 
-    driver.get(f"{live_server.url}/admin/django_jobstate/schedule/")
-    driver.find_element(By.NAME, "username").send_keys("operator")
-    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
-    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    login(driver, f"{live_server.url}/admin/django_jobstate/schedule/")
     rows = {
         row.find_element(By.CSS_SELECTOR, "th").text: row
         for row in driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
@@ -52,6 +59,10 @@ def test_operator_sees_the_schedules_disables_one_and_runs_another(browser, live
     assert " ago" in poll.find_element(By.CSS_SELECTOR, ".field-last_job").text
     assert poll.find_element(By.CSS_SELECTOR, ".field-last_job .jobstate-badge").text == "QUEUED"
     screenshot(driver, "admin-schedules.png")
+    # Beside both sidebars (the app navigation and the filters): nothing out of view.
+    assert driver.find_element(By.ID, "nav-sidebar").is_displayed()
+    assert driver.find_element(By.ID, "changelist-filter").is_displayed()
+    at_sizes(driver, "admin-schedules-{width}.png", check=columns_in_view)
 
     # Disable the nightly report.
     driver.find_element(By.CSS_SELECTOR, "input.action-select[value='nightly-report']").click()
@@ -78,15 +89,6 @@ def test_operator_sees_the_schedules_disables_one_and_runs_another(browser, live
     screenshot(driver, "admin-schedules-after-actions.png")
 
 
-def screenshots(driver, name: str) -> None:
-    """The page at the sizes operators use: 1366x768 and a 390 px wide phone."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    for width, height in ((1366, 768), (390, 844)):
-        driver.set_window_size(width, height)
-        assert driver.save_screenshot(str(ARTIFACTS / f"{name}-{width}.png"))
-    driver.set_window_size(1440, 1000)
-
-
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 def test_operator_adds_a_schedule_through_the_form_and_sees_its_first_job(
@@ -96,20 +98,12 @@ def test_operator_adds_a_schedule_through_the_form_and_sees_its_first_job(
     from selenium.webdriver.support.wait import WebDriverWait
 
     driver = browser
-    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(
-            codename__in=["view_schedule", "add_schedule", "change_schedule", "view_job"]
-        )
-    )
+    staff_user("view_schedule", "add_schedule", "change_schedule", "view_job")
     sync([NIGHTLY])  # one of the settings' beside it, which runjobs defines too
     nightly = {"task": NIGHTLY.task_path, "cron": NIGHTLY.cron, "timezone": NIGHTLY.timezone}
     proc = runjobs.start("--concurrency", "1", **env({NIGHTLY.name: nightly}))
 
-    driver.get(f"{live_server.url}/admin/django_jobstate/schedule/add/")
-    driver.find_element(By.NAME, "username").send_keys("operator")
-    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
-    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    login(driver, f"{live_server.url}/admin/django_jobstate/schedule/add/")
     # First a mistake, which the form names beside its field.
     driver.find_element(By.NAME, "name").send_keys("heartbeat")
     driver.find_element(By.NAME, "task_path").send_keys("tests.tasks.record")
@@ -117,11 +111,11 @@ def test_operator_adds_a_schedule_through_the_form_and_sees_its_first_job(
     kwargs = driver.find_element(By.NAME, "kwargs")
     kwargs.clear()
     kwargs.send_keys('{"lable": "beat"}')
-    screenshots(driver, "admin-schedule-add")
+    at_sizes(driver, "admin-schedule-add-{width}.png")
     click_and_load(driver, driver.find_element(By.NAME, "_save"))
     error = driver.find_element(By.CSS_SELECTOR, ".field-args .errorlist").text
     assert "its args and kwargs do not match record()" in error
-    screenshots(driver, "admin-schedule-add-error")
+    at_sizes(driver, "admin-schedule-add-error-{width}.png")
     kwargs = driver.find_element(By.NAME, "kwargs")
     kwargs.clear()
     kwargs.send_keys('{"label": "beat"}')
@@ -147,11 +141,11 @@ def test_operator_adds_a_schedule_through_the_form_and_sees_its_first_job(
     assert "admin" in rows["heartbeat"]
     assert "every 2 s" in rows["heartbeat"]
     assert "settings" in rows["nightly-report"]
-    screenshots(driver, "admin-schedules-with-admin-one")
+    at_sizes(driver, "admin-schedules-with-admin-one-{width}.png")
     click_and_load(driver, link)
     ids = Job.objects.filter(schedule_name="heartbeat").values_list("pk", flat=True)
     assert driver.current_url.rstrip("/").split("/")[-2] in {str(pk) for pk in ids}
     assert "tests.tasks.record" in driver.find_element(By.TAG_NAME, "body").text
-    screenshots(driver, "admin-schedule-first-job")
+    at_sizes(driver, "admin-schedule-first-job-{width}.png")
     out = runjobs.stop(proc)
     assert proc.returncode == 0, out

@@ -146,6 +146,28 @@ def test_a_name_of_the_settings_or_of_another_schedule_is_refused(client):
     assert "delete it first to reuse its name" in errors(add(client))["name"]
 
 
+def test_a_name_another_operator_adds_meanwhile_is_a_clear_error_not_a_500(client, monkeypatch):
+    """Two operators add "poll" at the same moment: both forms were valid; the second
+    save finds the name taken (its primary key) and says so, nothing else written."""
+    login(client, "view", "add", "change")
+    stored = edits.add
+
+    def theirs_first(definition):  # the other operator's row commits between clean and save
+        stored(replace(definition, kwargs={"label": "theirs"}))
+        return stored(definition)
+
+    monkeypatch.setattr(edits, "add", theirs_first)
+    response = client.post(ADD_URL, FORM, follow=True)
+    assert response.status_code == 200
+    shown = [str(m) for m in response.context["messages"]]
+    assert shown == [
+        "A schedule named 'poll' was added by someone else while this form was saved: yours "
+        "was not added. Edit theirs, or add yours under another name."
+    ], shown
+    assert Schedule.objects.get(name="poll").kwargs == {"label": "theirs"}
+    assert not LogEntry.objects.filter(action_flag=ADDITION).exists()
+
+
 def test_an_edit_changes_the_hash_and_next_tick_conditionally_and_is_logged(client):
     user = login(client, "view", "add", "change")
     add(client)

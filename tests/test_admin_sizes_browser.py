@@ -6,15 +6,25 @@ artifacts/; the confirmation flow is driven as an operator would."""
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
+from django.contrib.auth.models import User
 from django.utils import timezone
 
 from django_jobstate.models import Job, JobQueue, WorkerHeartbeat
 from django_jobstate.states import State
+from tests.browser import (
+    PASSWORD,
+    SIZES,
+    assert_no_sideways_scroll,
+    browser,
+    click_and_load,
+    login,
+    save_page,
+    staff_user,
+    use_size,
+)
 from tests.factories import JobFactory
-from tests.test_admin_browser import ARTIFACTS, browser, click_and_load  # noqa: F401
 
-SIZES = {"laptop": (1366, 768), "phone": (390, 844)}
+__all__ = ["browser"]  # the fixture
 
 # What overflows, measured in the page: cells whose content is wider than the cell, the
 # results table wider than its scroller, and the page wider than the viewport.
@@ -39,30 +49,13 @@ return {
 """
 
 
-def use_size(driver, size: str) -> None:
-    """Emulate the viewport exactly (a window's outer size varies by platform)."""
-    width, height = SIZES[size]
-    driver.execute_cdp_cmd(
-        "Emulation.setDeviceMetricsOverride",
-        {"width": width, "height": height, "deviceScaleFactor": 1, "mobile": size == "phone"},
-    )
-
-
 def measure(driver, size: str, name: str) -> dict:
     """Check the page at `size`, and save its screenshot (the whole page's height)."""
     use_size(driver, size)
     found = driver.execute_script(MEASURE)
-    width, height = SIZES[size]
-    full = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.execute_cdp_cmd(
-        "Emulation.setDeviceMetricsOverride",
-        {"width": width, "height": max(height, full), "deviceScaleFactor": 1, "mobile": False},
-    )
-    ARTIFACTS.mkdir(exist_ok=True)
-    assert driver.save_screenshot(str(ARTIFACTS / f"admin-{name}-{size}.png"))
-    use_size(driver, size)
+    save_page(driver, f"admin-{name}-{size}.png")
     assert found["viewport"] == SIZES[size][0], found
-    assert found["page"] <= found["viewport"], f"{name} scrolls sideways at {size}: {found}"
+    assert_no_sideways_scroll(driver, f"{name} at {size}")
     assert found["clipped"] == [], f"{name} clips at {size}: {found['clipped']}"
     if size == "laptop":
         assert found["table"] <= found["scroller"], f"{name}: a column is cut off: {found}"
@@ -108,22 +101,16 @@ def busy_console() -> dict[str, Job]:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_list_page_and_confirmation_fit_a_laptop_and_a_phone(browser, live_server, settings):  # noqa: F811
+def test_list_page_and_confirmation_fit_a_laptop_and_a_phone(browser, live_server, settings):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.select import Select
 
     settings.JOBSTATE_HEARTBEAT_INTERVAL = 60.0
     settings.JOBSTATE_LOST_AFTER = 600.0
     driver = browser
-    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_job", "change_job"])
-    )
+    staff_user("view_job", "change_job")
     jobs = busy_console()
-    driver.get(f"{live_server.url}/admin/django_jobstate/job/")
-    driver.find_element(By.NAME, "username").send_keys("operator")
-    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
-    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    login(driver, f"{live_server.url}/admin/django_jobstate/job/")
 
     for size in SIZES:
         measure(driver, size, "job-list")
@@ -159,16 +146,13 @@ def test_list_page_and_confirmation_fit_a_laptop_and_a_phone(browser, live_serve
 
 
 @pytest.mark.django_db(transaction=True)
-def test_cancel_of_a_running_job_asks_first_in_the_browser(browser, live_server):  # noqa: F811
+def test_cancel_of_a_running_job_asks_first_in_the_browser(browser, live_server):
     from selenium.webdriver.common.by import By
 
     driver = browser
-    User.objects.create_superuser("operator", password="s3cret-pw")
+    User.objects.create_superuser("operator", password=PASSWORD)
     job = JobFactory.in_state(State.RUNNING, worker_id="web-2:77", task_path="app.tasks.export")
-    driver.get(f"{live_server.url}/admin/django_jobstate/job/{job.pk}/change/")
-    driver.find_element(By.NAME, "username").send_keys("operator")
-    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
-    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    login(driver, f"{live_server.url}/admin/django_jobstate/job/{job.pk}/change/")
 
     click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "a.jobstate-cancel-button"))
     plan = driver.find_element(By.CSS_SELECTOR, ".jobstate-plan").text
@@ -188,3 +172,20 @@ def test_cancel_of_a_running_job_asks_first_in_the_browser(browser, live_server)
     message = driver.find_element(By.CSS_SELECTOR, ".messagelist .success").text
     assert message.startswith(f"Job #{job.pk} is running: it was asked to stop")
     assert Job.objects.get(pk=job.pk).cancel_requested_at is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_queues_page_fits_a_laptop_and_a_phone(browser, live_server):
+    """The page an operator pauses a queue from, mid-incident: counts and who paused it."""
+    driver = browser
+    staff_user("view_jobqueue", "change_jobqueue", "view_job")
+    busy_console()  # "emails" paused, with a queued job; others queued and running
+    JobQueue.objects.pause("billing-reconciliation", by="web-01.prod.example.com ops on call")
+    login(driver, f"{live_server.url}/admin/django_jobstate/jobqueue/")
+    for size in SIZES:
+        measure(driver, size, "queues")
+    rows = driver.find_elements("css selector", "#result_list tbody tr")
+    assert {row.find_element("css selector", "th").text for row in rows} >= {
+        "emails",
+        "billing-reconciliation",
+    }

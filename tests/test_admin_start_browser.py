@@ -3,31 +3,14 @@
 test_admin_browser's; screenshots at 1366x768 and 390 px wide go to artifacts/."""
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobstate.models import Job
 from django_jobstate.states import State
+from tests.browser import at_sizes, browser, click_and_load, login, staff_user
 from tests.models import Execution
-from tests.test_admin_browser import ARTIFACTS, browser, click_and_load
 from tests.waiting import wait_for
 
 __all__ = ["browser"]  # the fixture
-
-SIZES = {"desktop": (1366, 768), "phone": (390, 844)}
-
-
-def screenshots(driver, name: str, *, fits: bool = True) -> None:
-    """The page at each size; with `fits`, nothing wider than the window (no sideways
-    scroll). The job list and page are left to their own tests."""
-    ARTIFACTS.mkdir(exist_ok=True)
-    for size, (width, height) in SIZES.items():
-        driver.set_window_size(width, height)
-        overflow = driver.execute_script(
-            "return document.documentElement.scrollWidth - document.documentElement.clientWidth"
-        )
-        assert overflow <= 0 or not fits, f"{name} scrolls sideways by {overflow} px at {width}"
-        assert driver.save_screenshot(str(ARTIFACTS / f"{name}-{size}.png"))
-    driver.set_window_size(*SIZES["desktop"])
 
 
 @pytest.mark.slow
@@ -39,22 +22,26 @@ def test_operator_starts_a_task_from_the_form_and_a_real_worker_runs_it(
     from selenium.webdriver.support.select import Select
 
     driver = browser
-    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_job", "enqueue_task"])
-    )
+    staff_user("view_job", "enqueue_task")
     runjobs.start("--queue", "default")
 
-    driver.get(f"{live_server.url}/admin/django_jobstate/job/")
-    driver.find_element(By.NAME, "username").send_keys("operator")
-    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
-    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    login(driver, f"{live_server.url}/admin/django_jobstate/job/")
     button = driver.find_element(By.CSS_SELECTOR, ".object-tools a.jobstate-start-link")
     assert button.text == "START A TASK"
-    screenshots(driver, "admin-start-task-button", fits=False)
+    at_sizes(
+        driver,
+        {
+            "laptop": "admin-start-task-button-desktop.png",
+            "phone": "admin-start-task-button-phone.png",
+        },
+        fits=False,
+    )
     click_and_load(driver, button)
     assert driver.find_element(By.TAG_NAME, "h1").text == "Start a task"
-    screenshots(driver, "admin-start-task-form")
+    at_sizes(
+        driver,
+        {"laptop": "admin-start-task-form-desktop.png", "phone": "admin-start-task-form-phone.png"},
+    )
 
     # A mistake first: the arguments' JSON is cut short, and the page says so on its field.
     Select(driver.find_element(By.NAME, "task")).select_by_value("tests.tasks.record")
@@ -65,7 +52,13 @@ def test_operator_starts_a_task_from_the_form_and_a_real_worker_runs_it(
     error = driver.find_element(By.CSS_SELECTOR, ".field-args .errorlist").text
     assert error.startswith("The arguments are not valid JSON"), error
     assert not Job.objects.exists()
-    screenshots(driver, "admin-start-task-error")
+    at_sizes(
+        driver,
+        {
+            "laptop": "admin-start-task-error-desktop.png",
+            "phone": "admin-start-task-error-phone.png",
+        },
+    )
 
     args = driver.find_element(By.NAME, "args")
     assert args.get_attribute("value") == '["from the browser <b>!</b>"'  # kept, as text
@@ -92,4 +85,8 @@ def test_operator_starts_a_task_from_the_form_and_a_real_worker_runs_it(
     )
     origin = driver.find_element(By.CSS_SELECTOR, ".field-origin").text
     assert "started by hand by operator" in origin
-    screenshots(driver, "admin-start-task-done", fits=False)
+    at_sizes(
+        driver,
+        {"laptop": "admin-start-task-done-desktop.png", "phone": "admin-start-task-done-phone.png"},
+        fits=False,
+    )

@@ -1,35 +1,29 @@
 """The Workers page in a real browser (Debian's headless Chromium), beside a real `runjobs`.
 The browser fixture and its rules are test_admin_browser's."""
 
+import json
 from datetime import timedelta
 
 import pytest
-from django.contrib.auth.models import Permission, User
 
 from django_jobstate.dbclock import Now
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import State
 from tests import tasks
+from tests.browser import at_sizes, browser, click_and_load, login, staff_user
 from tests.factories import JobFactory
-from tests.test_admin_browser import ARTIFACTS, browser, click_and_load
 from tests.waiting import wait_for
 
 __all__ = ["browser"]  # the fixture
 
 
-def fits(driver) -> bool:
+def fits(driver, size: str) -> None:
     """No column of the list is cut off: the table is no wider than what shows it."""
-    return driver.execute_script(
+    assert driver.execute_script(
         "const box = document.querySelector('#changelist .results');"
         "return box.scrollWidth <= box.clientWidth"
         " && box.getBoundingClientRect().right <= document.documentElement.clientWidth;"
-    )
-
-
-def shot(driver, name: str, width: int, height: int) -> None:
-    ARTIFACTS.mkdir(exist_ok=True)
-    driver.set_window_size(width, height)
-    assert driver.save_screenshot(str(ARTIFACTS / name))
+    ), f"the workers' list is cut off at {size}"
 
 
 @pytest.mark.slow
@@ -44,12 +38,19 @@ def test_operator_sees_a_running_worker_and_the_job_it_holds(
     settings.JOBSTATE_HEARTBEAT_INTERVAL = 5.0
     settings.JOBSTATE_LOST_AFTER = 30.0
     driver = browser
-    operator = User.objects.create_user("operator", password="s3cret-pw", is_staff=True)
-    operator.user_permissions.set(
-        Permission.objects.filter(codename__in=["view_workerheartbeat", "view_job"])
-    )
+    staff_user("view_workerheartbeat", "view_job")
     result = tasks.sleep_then_record.using(queue_name="emails").enqueue("held", 600)
-    proc = runjobs.start("--queue", "emails", "--queue", "default", "--concurrency", "2")
+    # Its rescuer must not fail the silent worker's attempt (below) as lost before the page
+    # shows it: the tests' own window is 3 s.
+    proc = runjobs.start(
+        "--queue",
+        "emails",
+        "--queue",
+        "default",
+        "--concurrency",
+        "2",
+        JOBSTATE_TEST_SETTINGS=json.dumps({"JOBSTATE_LOST_AFTER": 300.0}),
+    )
     job = wait_for(
         lambda: Job.objects.filter(result_id=result.id, state=State.RUNNING).first(),
         f"the worker to start the job; runjobs said:\n{runjobs.output(proc)}",
@@ -63,10 +64,7 @@ def test_operator_sees_a_running_worker_and_the_job_it_holds(
         State.RUNNING, worker_id=silent, task_path="tests.tasks.record", queue_name="reports"
     )
 
-    driver.get(f"{live_server.url}/admin/django_jobstate/workerheartbeat/")
-    driver.find_element(By.NAME, "username").send_keys("operator")
-    driver.find_element(By.NAME, "password").send_keys("s3cret-pw")
-    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "input[type=submit]"))
+    login(driver, f"{live_server.url}/admin/django_jobstate/workerheartbeat/")
     rows = {
         row.find_element(By.CSS_SELECTOR, ".field-worker a").text: row
         for row in driver.find_elements(By.CSS_SELECTOR, "#result_list tbody tr")
@@ -92,11 +90,11 @@ def test_operator_sees_a_running_worker_and_the_job_it_holds(
     assert "failed as lost from" in lost
     assert f"#{stuck.pk} record" in lost
 
-    shot(driver, "admin-workers-1366x768.png", 1366, 768)
-    assert fits(driver)
-    shot(driver, "admin-workers-390.png", 390, 844)
-    assert fits(driver)
-    driver.set_window_size(1440, 1000)
+    at_sizes(
+        driver,
+        {"laptop": "admin-workers-1366x768.png", "phone": "admin-workers-390.png"},
+        check=fits,
+    )
 
     click_and_load(driver, link)
     assert f"/admin/django_jobstate/job/{job.pk}/change/" in driver.current_url

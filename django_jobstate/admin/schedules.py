@@ -14,7 +14,8 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db import router, transaction
 from django.db.models import OuterRef, QuerySet, Subquery
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect
 from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html, format_html_join
@@ -110,17 +111,39 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     def save_model(self, request: HttpRequest, obj: Schedule, form: Any, change: bool) -> None:
         """Store through edits.py: conditional on the row as read, and a notification."""
-        if not change:
-            row = edits.add(form.definition)
-        else:
-            try:
+        try:
+            if not change:
+                row = edits.add(form.definition)
+            else:
                 row = edits.edit(Schedule.objects.get(pk=obj.pk), form.definition)
-            except (edits.ScheduleChanged, Schedule.DoesNotExist) as exc:
-                self.message_user(request, str(exc), messages.ERROR)
-                return
+        except (edits.ScheduleChanged, Schedule.DoesNotExist) as exc:
+            # Nothing written: no "added/changed successfully", no entry in the admin log.
+            self.message_user(request, str(exc), messages.ERROR)
+            request.jobstate_not_saved = True  # type: ignore[attr-defined]
+            return
         obj.__dict__.update(
             {f.attname: getattr(row, f.attname) for f in Schedule._meta.concrete_fields}
         )
+
+    def log_addition(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        if not getattr(request, "jobstate_not_saved", False):
+            return super().log_addition(request, obj, message)
+        return None
+
+    def log_change(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        if not getattr(request, "jobstate_not_saved", False):
+            return super().log_change(request, obj, message)
+        return None
+
+    def response_add(self, request: HttpRequest, obj: Schedule, *args: Any) -> HttpResponse:
+        if getattr(request, "jobstate_not_saved", False):
+            return redirect("admin:django_jobstate_schedule_changelist")
+        return super().response_add(request, obj, *args)
+
+    def response_change(self, request: HttpRequest, obj: Schedule) -> HttpResponse:
+        if getattr(request, "jobstate_not_saved", False):
+            return redirect("admin:django_jobstate_schedule_changelist")
+        return super().response_change(request, obj)
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         return request.user.has_perm("django_jobstate.change_schedule")
@@ -154,7 +177,7 @@ class ScheduleAdmin(admin.ModelAdmin):
     def last_tick(self, schedule: Schedule) -> str:
         return when(schedule.last_tick_at, timezone.now())
 
-    @admin.display(description=_("skip/miss"))
+    @admin.display(description=_("skip / miss"))
     def skipped_missed(self, schedule: Schedule) -> str:
         # One column for both: the list fits 1366 px beside the origin.
         return f"{schedule.skipped} / {schedule.missed}"
@@ -217,6 +240,8 @@ class ScheduleAdmin(admin.ModelAdmin):
                 )
                 continue
             (skipped if job.deduplicated else done).append((schedule.name, job))
+            if not job.deduplicated:  # work started by hand: who, as Start a task logs it
+                self.log_change(request, schedule, f"Run now: job #{job.pk}.")
         link = "<a href='{}'>{} (job {})</a>"
 
         def links(pairs: list[tuple[str, Job]]) -> str:

@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from django.conf import settings
-from django.db import connections, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 
 from ..backend import JobStateBackend
 from ..loading import load_task
@@ -110,12 +110,20 @@ def notify(db: str, name: str) -> None:
 def add(d: Definition) -> Schedule:
     """Store a new schedule of the admin; it ticks from its first tick after now."""
     db = router.db_for_write(Schedule)
-    with transaction.atomic(using=db):
-        row = Schedule(
-            name=d.name, origin=Origin.ADMIN, **columns(d), next_tick_at=d.next_tick(db_now(db))
-        )
-        row.save(using=db, force_insert=True)
-        notify(db, d.name)
+    try:
+        with transaction.atomic(using=db):
+            row = Schedule(
+                name=d.name, origin=Origin.ADMIN, **columns(d), next_tick_at=d.next_tick(db_now(db))
+            )
+            row.save(using=db, force_insert=True)
+            notify(db, d.name)
+    except IntegrityError:
+        # The name is the primary key: another operator's form, valid at the same moment
+        # as this one, was saved first (the form's check read the table before it).
+        raise ScheduleChanged(
+            f"A schedule named {d.name!r} was added by someone else while this form was "
+            f"saved: yours was not added. Edit theirs, or add yours under another name."
+        ) from None
     logger.info(
         "Schedule %s: added in the admin (%s)",
         d.name,
