@@ -5,20 +5,40 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
+from datetime import timedelta
 from typing import Any
 
 from django.db import connection
+from django.utils import timezone
 
-from django_jobstate.backend import JobStateBackend
 from django_jobstate.models import Job
-from tests import tasks
+from django_jobstate.states import State
 
 
 def finished_history(n: int = 20_000) -> None:
-    """`n` succeeded attempts, written as workers write them."""
-    JobStateBackend("default", {}).bulk_enqueue(tasks.record, [([str(i)], {}) for i in range(n)])
-    while batch := Job.objects.claim("w", limit=1000):
-        Job.objects.succeed_many("w", [(job, None) for job in batch])
+    """`n` attempts that succeeded over the last `n` minutes, by worker "w" (in one bulk
+    insert: several times faster than enqueueing, claiming and finishing them)."""
+    now = timezone.now()
+    Job.objects.bulk_create(
+        (
+            Job(
+                result_id=uuid.uuid4(),
+                task_path="tests.tasks.record",
+                args=[str(i)],
+                kwargs={},
+                state=State.SUCCEEDED,
+                worker_id="w",
+                enqueued_at=now - timedelta(minutes=i, seconds=2),
+                run_after=now - timedelta(minutes=i, seconds=2),
+                started_at=now - timedelta(minutes=i, seconds=1),
+                finished_at=now - timedelta(minutes=i),
+                return_value="done",
+            )
+            for i in range(n)
+        ),
+        batch_size=2000,
+    )
 
 
 def analyze_job_table() -> None:

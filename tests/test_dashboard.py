@@ -2,6 +2,7 @@
 its permissions, escaping, and that every query it makes reads an index."""
 
 import re
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -238,7 +239,10 @@ def test_every_query_of_the_page_reads_an_index_over_20000_finished_rows(client)
         end = now - timedelta(seconds=108 * i + 1)
         failed = i % 7 == 0
         rows.append(
-            JobFactory.build(
+            Job(
+                result_id=uuid.uuid4(),
+                args=[],
+                kwargs={},
                 state=State.FAILED if failed else State.SUCCEEDED,
                 failure_reason=FailureReason.ERROR if failed else "",
                 error_message="boom" if failed else "",
