@@ -97,7 +97,9 @@ def test_a_claim_from_one_queue_reads_no_other_queues_backlog():
         nodes.extend(node.get("Plans", []))
         if node.get("Index Name") == "jobstate_job_runnable":
             pages += node["Shared Hit Blocks"] + node["Shared Read Blocks"]
-    assert pages < 10  # the 20,000 other rows take ~100 pages of the index
+    # The 20,000 other rows take ~100 pages of the index; a walk of this queue's range
+    # takes a few, more under a loaded CI (17 seen: hint bits, a concurrent autovacuum).
+    assert pages < 40
 
 
 @pytest.mark.skipif(not POSTGRES, reason="LISTEN/NOTIFY is PostgreSQL's")
