@@ -17,6 +17,7 @@ def run_jobs() -> None:
 
 @pytest.mark.django_db(transaction=True)
 def test_the_dashboard_draws_refreshes_and_fits_after_real_jobs(browser, live_server):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.wait import WebDriverWait
 
@@ -67,11 +68,16 @@ def test_the_dashboard_draws_refreshes_and_fits_after_real_jobs(browser, live_se
         cells = driver.find_elements(By.CSS_SELECTOR, ".jobstate-queues tfoot td")
         return cells[0].text if cells else ""
 
-    WebDriverWait(driver, 60).until(lambda d: total_finished(d) == "14")
+    # A refresh may swap the figures between finding a cell and reading it: look again.
+    WebDriverWait(driver, 60, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: total_finished(d) == "14"
+    )
     assert driver.execute_script("return window.jobstateNotReloaded") is True
     assert len(driver.find_elements(By.CSS_SELECTOR, "svg.jobstate-chart")) == 3
 
-    # The failing task's link: the job list, filtered to its failed attempts.
+    # The failing task's link: the job list, filtered to its failed attempts (from the page
+    # as first loaded, refreshed only every 15 s: no swap under the click).
+    driver.get(f"{live_server.url}/admin/django_jobstate/job/dashboard/")
     link = driver.find_element(By.CSS_SELECTOR, ".jobstate-failing tbody th a")
     click_and_load(driver, link)
     assert "state__exact=failed" in driver.current_url
