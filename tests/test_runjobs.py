@@ -230,8 +230,12 @@ def test_a_database_server_restart_during_a_run_loses_nothing(runjobs):
     server_ctl("restart")
     connections.close_all()  # this test's own connection died with the server
 
-    wait_for(lambda: not Job.objects.live().exists(), timeout=90)
+    deadline = time.monotonic() + 120
+    while Job.objects.live().exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    live = list(Job.objects.live().values_list("pk", "state", "attempt", "worker_id"))
     out = runjobs.stop(worker)
+    assert live == [], f"still live 120 s after the restart: {live}\n{out[-6000:]}"
     assert worker.returncode == 0, out
     for result in results:
         assert tasks.record_with_retries.get_result(result.id).status == "SUCCESSFUL"
@@ -266,8 +270,12 @@ def test_jobs_routed_to_another_database_never_need_default_and_survive_its_rest
         server_ctl("restart")
         connections.close_all()
 
-    wait_for(lambda: not Job.objects.live().exists(), timeout=90)
+    deadline = time.monotonic() + 120
+    while Job.objects.live().exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    live = list(Job.objects.live().values_list("pk", "state", "attempt", "worker_id"))
     out = runjobs.stop(worker)
+    assert live == [], f"still live 120 s after the restart: {live}\n{out[-6000:]}"
     assert worker.returncode == 0, out
     for result in results:
         assert tasks.record_with_retries.get_result(result.id).status == "SUCCESSFUL"

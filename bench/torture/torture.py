@@ -390,7 +390,7 @@ class Torture(workloads.Workloads):
         self.paused: dict[int, tuple[float, Any]] = {}  # pid -> (monotonic resume time, Pause)
         from bench.torture.torture_check import Faults
 
-        self.faults = Faults()
+        self.faults = Faults(one_write_lock=options.db == "sqlite")
         self.offset = 0.0  # database clock minus this process's clock, in seconds
         self.last_sample = 0.0
         self.last_learned = 0.0

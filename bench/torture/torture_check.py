@@ -121,6 +121,7 @@ class Faults:
     table_locks: list[Outage] = field(default_factory=list)  # the job table locked
     connection_kills: list[ConnectionKill] = field(default_factory=list)  # MariaDB
     workload: Workload = field(default_factory=Workload)  # cancels, ticks, unique, ...
+    one_write_lock: bool = False  # SQLite: one lock for every writer of the database
 
 
 @dataclass
