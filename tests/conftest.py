@@ -137,12 +137,19 @@ def run_racers(commands: list[list[str]]) -> list[object]:
     return [json.loads(out) for out in outputs]
 
 
+BROWSER_ON_SQLITE = "browser tests run on SQLite (a page's queries run on each database without it)"
+
+
 @pytest.hookimpl(trylast=True)  # after pytest-django's order (database tests first)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On SQLite the benchmark smoke test runs first; on PostgreSQL it stays near the end.
 
     scripts/test runs the passes side by side: this way their benchmarks, which drain jobs
     as fast as the machine goes, do not run at the same time.
+
+    The browser tests run on SQLite only: what a page shows is the same on every database,
+    and the queries behind each page run on every database in the tests without a browser
+    (test_admin_*.py, their plans in test_admin_plans.py).
 
     JOBSTATE_SLOW_ONLY_IN="test_a.py test_b.py" (scripts/test's MariaDB pass) deselects the
     slow tests of every other file.
@@ -157,6 +164,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items[:] = [item for item in items if item.path.name in files]
     if os.environ.get("JOBSTATE_TEST_DB", "sqlite") == "sqlite":
         items.sort(key=lambda item: item.module.__name__ != "tests.test_bench_smoke")
+    else:
+        for item in items:
+            if "browser" in getattr(item, "fixturenames", ()):
+                item.add_marker(pytest.mark.skip(reason=BROWSER_ON_SQLITE))
     if (only_in := os.environ.get("JOBSTATE_SLOW_ONLY_IN")) is not None:
         files = set(only_in.split())
         kept, dropped = [], []

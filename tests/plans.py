@@ -10,6 +10,8 @@ from datetime import timedelta
 from typing import Any
 
 from django.db import connection
+from django.db.models import CharField, DateTimeField, ExpressionWrapper, F, UUIDField, Value
+from django.db.models.functions import MD5, Cast, Concat, Substr
 from django.utils import timezone
 
 from django_jobstate.models import Job
@@ -17,28 +19,75 @@ from django_jobstate.states import State
 
 
 def finished_history(n: int = 20_000) -> None:
-    """`n` attempts that succeeded over the last `n` minutes, by worker "w" (in one bulk
-    insert: several times faster than enqueueing, claiming and finishing them)."""
-    now = timezone.now()
+    """`n` attempts that succeeded over the last `n` minutes, by worker "w": a few hundred
+    made in Python, then copied inside the database, doubling each time, a minute older
+    per row copied (about 20 times faster than making them all in Python, and hundreds of
+    times faster than enqueueing, claiming and finishing them)."""
+    now, made = timezone.now(), min(n, 500)
     Job.objects.bulk_create(
-        (
-            Job(
-                result_id=uuid.uuid4(),
-                task_path="tests.tasks.record",
-                args=[str(i)],
-                kwargs={},
-                state=State.SUCCEEDED,
-                worker_id="w",
-                enqueued_at=now - timedelta(minutes=i, seconds=2),
-                run_after=now - timedelta(minutes=i, seconds=2),
-                started_at=now - timedelta(minutes=i, seconds=1),
-                finished_at=now - timedelta(minutes=i),
-                return_value="done",
-            )
-            for i in range(n)
-        ),
-        batch_size=2000,
+        Job(
+            result_id=uuid.uuid4(),
+            task_path="tests.tasks.record",
+            args=[str(i)],
+            kwargs={},
+            state=State.SUCCEEDED,
+            worker_id="w",
+            enqueued_at=now - timedelta(minutes=i, seconds=2),
+            run_after=now - timedelta(minutes=i, seconds=2),
+            started_at=now - timedelta(minutes=i, seconds=1),
+            finished_at=now - timedelta(minutes=i),
+            return_value="done",
+        )
+        for i in range(made)
     )
+    while made < n:
+        copied = min(made, n - made)  # the newest `copied` rows, `made` minutes older
+        _copy_history(copied, timedelta(minutes=made))
+        made += copied
+
+
+def _uuid_from(text: Any, older: timedelta) -> Concat:
+    """A version 4 UUID (MariaDB's UUID type takes no other) from an MD5 of `text` and
+    `older`: dashed where the database has a UUID type, 32 hex digits where Django stores
+    it as text."""
+    md5 = MD5(Concat(text, Value(str(older))))
+    dash = [Value("-")] if connection.features.has_native_uuid_field else []
+    groups = [
+        [Substr(md5, 1, 8)],
+        [Substr(md5, 9, 4)],
+        [Value("4"), Substr(md5, 14, 3)],
+        [Value("8"), Substr(md5, 18, 3)],
+        [Substr(md5, 21, 12)],
+    ]
+    parts = [part for i, group in enumerate(groups) for part in (dash if i else []) + group]
+    return Concat(*parts, output_field=CharField())
+
+
+def _copy_history(rows: int, older: timedelta) -> None:
+    """INSERT ... SELECT: the newest `rows` of the history, `older` earlier, each with a
+    result id of its own (an MD5 of the one it copies and the shift)."""
+    columns, values = [], {}
+    for field in Job._meta.concrete_fields:
+        if field.primary_key:
+            continue
+        columns.append(field.column)
+        name = f"c_{field.column}"
+        if field.attname == "result_id":
+            values[name] = Cast(_uuid_from(Cast("result_id", CharField()), older), UUIDField())
+        elif isinstance(field, DateTimeField):
+            values[name] = ExpressionWrapper(F(field.attname) - older, DateTimeField())
+        else:
+            values[name] = F(field.attname)
+    select = (
+        Job.objects.filter(worker_id="w", task_path="tests.tasks.record")
+        .order_by("-finished_at")
+        .values(**values)[:rows]
+    )
+    sql, params = select.query.sql_with_params()
+    table, names = Job._meta.db_table, ", ".join(map(connection.ops.quote_name, columns))
+    with connection.cursor() as cursor:
+        # MariaDB/MySQL read the table being inserted into through a derived table only.
+        cursor.execute(f"INSERT INTO {table} ({names}) SELECT * FROM ({sql}) AS copied", params)
 
 
 def analyze_job_table() -> None:

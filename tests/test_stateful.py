@@ -44,7 +44,7 @@ from django_jobstate.states import (
 
 WORKERS = ("w1", "w2", "w3")
 MACHINE_SETTINGS = settings(
-    max_examples=70,
+    max_examples=35,
     stateful_step_count=50,
     deadline=None,
     database=None,  # no .hypothesis/ directory in the repository
