@@ -9,6 +9,7 @@ from django.db import connection, transaction
 
 from django_jobstate.models import Job
 from django_jobstate.runner import burst
+from django_jobstate.runner.burst import BurstEnd
 from django_jobstate.runner.worker import Worker
 from django_jobstate.states import State
 from tests import tasks
@@ -142,3 +143,14 @@ def test_a_burst_run_waits_for_a_job_due_soon_beside_a_locked_one(monkeypatch):
         State.QUEUED,
         State.SUCCEEDED,
     ]
+
+
+def test_a_job_seen_runnable_for_the_first_time_is_never_taken_as_locked(monkeypatch):
+    """A job that fell due (or was enqueued) after the claim that found nothing was passed
+    over by no claim: even with no grace at all, the run claims again before it exits."""
+    monkeypatch.setattr(burst, "LOCKED_GRACE", 0.0)
+    end = BurstEnd("w", None, "default")
+    assert end.reached()  # nothing at all: done
+    tasks.record.enqueue("due after the claim")
+    assert not end.reached(), "exited before any claim could take the job"
+    assert end.reached()  # a claim (as a worker makes between the two) passed it over

@@ -131,19 +131,19 @@ def test_cancelled_queued_jobs_and_waiting_retries_never_run(runjobs):
 def test_cancel_racing_the_claim_each_job_ran_or_was_cancelled(runjobs):
     """A process cancels jobs at random while two workers claim and run them: each job ran
     (its body wrote a row) or was cancelled, never both, never neither, never retried."""
-    # Jobs of 20 ms: two workers finish about 100 a second, and the canceller (a cancel and
-    # a read of the result each, for every other job) must overtake them to meet the
-    # claims; with 5 ms jobs a quiet machine drained everything before it caught up.
+    # Jobs of 20 ms, cancelled from the last to be claimed back: the canceller and the
+    # workers walk towards each other, so they meet at the claims' frontier however fast
+    # either goes (walking in claim order, a loaded machine's canceller never overtook
+    # the workers, and every cancel came too late).
     jobs = 400
     results = backend().bulk_enqueue(
         tasks.record_with_retries, [((f"r{n}", 0.02), {}) for n in range(jobs)]
     )
     runjobs.start("--concurrency", "2", **settings_env(CANCEL_GRACE=0.5))
     wait_for(Execution.objects.exists)
-    # In claim order, so that the cancels meet the claims at their frontier.
     rng = random.Random(os.getpid())
     never_cancelled = set()
-    for result in results:
+    for result in reversed(results):
         if rng.random() < 0.5:
             backend().cancel(result.id)
             time.sleep(rng.uniform(0, 0.004))

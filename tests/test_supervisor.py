@@ -23,17 +23,25 @@ def warm_up(count: int = 10) -> None:
     wait_for(lambda: Execution.objects.filter(label__startswith="warm-up").count() == count)
 
 
-def test_attempts_held_behind_a_slow_one_are_handed_back_to_other_workers(runjobs):
+def test_attempts_held_behind_a_slow_one_are_handed_back_to_other_workers(runjobs, tmp_path):
     holder = runjobs.start()
     warm_up()  # now it claims in batches
+    # The slow one runs until the test lets it end (not for a time a loaded machine can
+    # outlast before the second worker is up): the attempts behind it can only have run
+    # meanwhile if they were handed back.
+    done = tmp_path / "done"
     with transaction.atomic():  # claimed together: the slow job first, the others behind it
-        slow = tasks.sleep_then_record.enqueue("slow", 4)
+        slow = tasks.runs_until_a_file_exists.enqueue(str(done), "slow")
         behind = [tasks.record.enqueue(f"behind {n}") for n in range(20)]
     ids = [result.id for result in behind]
     slow_worker = wait_for(lambda: Job.objects.get(result_id=slow.id).worker_id)
     held = Job.objects.filter(result_id__in=ids, attempt=1, worker_id=slow_worker)
     assert held.exists(), "not claimed in one batch"
     other = runjobs.start()  # the worker to hand them to
+    succeeded = Job.objects.filter(result_id__in=ids, state=State.SUCCEEDED)
+    wait_for(lambda: succeeded.count() == len(ids), "the attempts held behind the slow one")
+    assert Job.objects.get(result_id=slow.id).state == State.RUNNING
+    done.touch()
     wait_for(lambda: not Job.objects.filter(result_id__in=[slow.id, *ids]).live().exists())
     runjobs.stop(holder)
     runjobs.stop(other)

@@ -62,9 +62,14 @@ class BurstEnd:
             return False  # the next claim says what is wrong
         now = time.monotonic()
         # A job seen again keeps the time it was first passed over; one claimed, finished
-        # or cancelled meanwhile is forgotten.
-        self._passed_over = {pk: self._passed_over.get(pk, now) for pk in ids}
-        if due_later or any(now - seen < LOCKED_GRACE for seen in self._passed_over.values()):
+        # or cancelled meanwhile is forgotten. One seen for the first time may have fallen
+        # due (or been enqueued) after the claim that found nothing: only the next claim
+        # can pass it over, so it never counts as locked yet (whatever LOCKED_GRACE).
+        seen_before, self._passed_over = self._passed_over, {}
+        for pk in ids:
+            self._passed_over[pk] = seen_before.get(pk, now)
+        new = any(pk not in seen_before for pk in ids)
+        if due_later or new or any(now - t < LOCKED_GRACE for t in self._passed_over.values()):
             return False
         if ids:
             logger.warning(
