@@ -15,7 +15,10 @@ INSTALLED_APPS = [*INSTALLED_APPS, "brokenapp"]  # noqa: F405
 """
 
 
-@pytest.mark.django_db
+# Not in a test transaction: on SQLite it holds the write lock (BEGIN IMMEDIATE) throughout,
+# and `check` probes JSON support in a transaction, which waited the 30 s busy timeout for
+# that lock and then reported fields.E180 on every JSONField.
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(
     "extra",
     [
@@ -43,6 +46,7 @@ def test_check_names_a_task_module_that_fails_to_import_and_its_error(tmp_path, 
 
     assert done.returncode == 1, done.stderr
     assert "Traceback" not in done.stderr, done.stderr
+    assert "fields.E180" not in done.stderr, done.stderr  # JSON support read, not timed out
     assert (
         "(django_jobstate.E016) The task module 'brokenapp.tasks' cannot be imported: "
         "ModuleNotFoundError: No module named 'nowhere_to_be_found'"

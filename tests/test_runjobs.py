@@ -247,6 +247,35 @@ def test_a_database_server_restart_during_a_run_loses_nothing(runjobs):
     )
 
 
+@pytest.mark.skipif(no_server_ctl(), reason=NO_SERVER_CTL)
+def test_a_claim_whose_reply_the_restart_lost_is_handed_back(runjobs):
+    # The claim's commit reached the server, its reply did not (the server restarting):
+    # a row runs in the name of a live worker that never received it, and nobody fails a
+    # live worker's attempts as lost. Here the test claims it in the worker's name, on a
+    # queue the worker does not serve, then restarts the server: the claim that fails
+    # then leaves the worker in doubt, and it hands back what runs in its name unseen.
+    worker = runjobs.start("--concurrency", "1", "--queue", "default")
+    tasks.record.enqueue("claiming")  # run: the worker claims, and will claim in the restart
+    wait_for(lambda: Execution.objects.exists())
+    worker_id = WorkerHeartbeat.objects.get().worker_id
+    tasks.email.enqueue("lost@example.com")
+    (unseen,) = Job.objects.claim(worker_id, queues=["emails"])
+
+    server_ctl("restart")
+    connections.close_all()
+
+    deadline = time.monotonic() + 120
+    while Job.objects.filter(pk=unseen.pk, state=State.RUNNING).exists():
+        assert time.monotonic() < deadline, (
+            f"still running 120 s after the restart:\n{runjobs.stop(worker)[-6000:]}"
+        )
+        time.sleep(0.1)
+    out = runjobs.stop(worker)
+    assert Job.objects.get(pk=unseen.pk).failure_reason == FailureReason.RELEASED, out
+    assert Job.objects.filter(queue_name="emails", state=State.QUEUED).count() == 1, out
+    assert f"handed back 1 attempt(s) of a claim whose reply it lost: {unseen.pk}" in out
+
+
 def test_jobs_routed_to_another_database_never_need_default_and_survive_its_restart(runjobs):
     results = [tasks.record_with_retries.enqueue(f"j{n}", 0.05) for n in range(40)]
     routed = {

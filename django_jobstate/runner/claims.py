@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, close_old_connections, connections
 
@@ -13,6 +14,10 @@ from ..managers import ClaimKey, claim_key
 from ..models import Job
 from ..telemetry import metrics
 from .wakeup import Waiter
+
+if TYPE_CHECKING:
+    from .flushing import Flusher
+    from .ledger import Ledger
 
 logger = logging.getLogger("django_jobstate.worker")
 
@@ -50,6 +55,9 @@ class Claims:
     _rescan_at: float
     _waiter: Waiter | None
     _queue_names: list[str]
+    _claim_in_doubt: bool
+    flusher: Flusher
+    ledger: Ledger
 
     def claim_limit(self, in_flight: int = 0) -> int:
         """How many jobs to claim next: one at a time, as many as run in BATCH_WINDOW
@@ -79,10 +87,16 @@ class Claims:
             if self._waiter.ahead(-self._from_key[0], known):
                 self._from_key = None
         try:
+            if self._claim_in_doubt:
+                self._release_unknown()
             jobs = self._claim_from(self._from_key, limit)
             if not jobs and self._from_key is not None:  # never idle without a look from the head
                 jobs = self._claim_from(None, limit)
         except DatabaseError:
+            # The connection may have dropped after the claim committed (the server
+            # restarting as it replied): then rows are running in this worker's name that it
+            # never received, and, as it stays alive, nobody would ever fail them as lost.
+            self._claim_in_doubt = True
             connection.close()
             if self.burst:  # "nothing runnable" is not known: say so, do not exit as done
                 logger.exception(
@@ -126,3 +140,20 @@ class Claims:
         if from_key is None:
             self._rescan_at = time.monotonic() + RESCAN_AFTER
         return jobs
+
+    def _release_unknown(self) -> None:
+        """After a claim whose outcome is unknown: hand back the attempts running in this
+        worker's name that it does not hold (claimed, never received, never started)."""
+        self.flusher.write()  # outcomes in hand, written: their rows no longer run
+        known = self.ledger.pks()
+        mine = Job.objects.running().filter(worker_id=self.worker_id)
+        unknown = [pk for pk in mine.values_list("pk", flat=True) if pk not in known]
+        if unknown and Job.objects.release(self.worker_id, unknown):
+            logger.warning(
+                "Worker %s handed back %d attempt(s) of a claim whose reply it lost: %s",
+                self.worker_id,
+                len(unknown),
+                ", ".join(map(str, unknown)),
+                extra={"event": "worker.released_unknown", "worker_id": self.worker_id},
+            )
+        self._claim_in_doubt = False

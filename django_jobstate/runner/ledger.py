@@ -176,6 +176,11 @@ class Ledger:
                     released.append(int(self._pks[index]))
             return released
 
+    def pks(self) -> set[int]:
+        """The attempts held: claimed, running, or with an outcome not yet written."""
+        with self._lock:
+            return {int(pk) for pk in self._pks if pk}
+
     def marks(self) -> dict[int, int]:
         """{pk: mark} of the attempts held; for a process that has ended (no lock taken:
         a process killed while holding it would never give it back)."""

@@ -97,6 +97,7 @@ class Worker(Claims, AttemptRunner, OutcomeWriter):
         self.flusher = Flusher(self.record, self.db, FLUSH_AFTER)
         self._from_key: ClaimKey | None = None
         self._rescan_at = 0.0
+        self._claim_in_doubt = False  # claims.py: a claim failed, rows may be ours unseen
         self.tracing: Any = None  # tracing.py, with JOBSTATE_TRACING
         if get_settings().TRACING:
             from ..telemetry import tracing
