@@ -154,9 +154,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     JOBSTATE_SLOW_ONLY_IN="test_a.py test_b.py" (scripts/test's MariaDB pass) deselects the
     slow tests of every other file.
 
-    JOBSTATE_TEST_SHARD="K/N" keeps the files of shard K of N (scripts/test splits the
-    PostgreSQL pass so, each shard on a server of its own): see shard_files().
+    JOBSTATE_TEST_SHARD="K/N" keeps the files of shard K of N (scripts/test splits each
+    pass so, a PostgreSQL or MariaDB shard on a server of its own): see shard_files(). The
+    MariaDB pass's slow tests are left out first, so that its shards share what is left.
     """
+    if (only_in := os.environ.get("JOBSTATE_SLOW_ONLY_IN")) is not None:
+        files = set(only_in.split())
+        kept, dropped = [], []
+        for item in items:
+            slow = item.get_closest_marker("slow") is not None
+            (dropped if slow and item.path.name not in files else kept).append(item)
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
     if shard := os.environ.get("JOBSTATE_TEST_SHARD"):
         files = shard_files(items, shard)
         dropped = [item for item in items if item.path.name not in files]
@@ -168,15 +178,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items:
             if "browser" in getattr(item, "fixturenames", ()):
                 item.add_marker(pytest.mark.skip(reason=BROWSER_ON_SQLITE))
-    if (only_in := os.environ.get("JOBSTATE_SLOW_ONLY_IN")) is not None:
-        files = set(only_in.split())
-        kept, dropped = [], []
-        for item in items:
-            slow = item.get_closest_marker("slow") is not None
-            (dropped if slow and item.path.name not in files else kept).append(item)
-        if dropped:
-            config.hook.pytest_deselected(items=dropped)
-            items[:] = kept
 
 
 def shard_files(items: list[pytest.Item], shard: str) -> set[str]:

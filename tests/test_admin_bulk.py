@@ -146,11 +146,11 @@ def test_a_job_retried_since_the_confirmation_is_skipped_not_retried_again(clien
 @pytest.mark.parametrize("action", ["retry_jobs", "cancel_jobs"])
 def test_select_all_acts_on_every_matching_row_in_chunks(client, monkeypatch, action):
     """ "Select all" of a filtered list: every match, read CHUNK rows at a time."""
-    monkeypatch.setattr(bulk, "CHUNK", 100)
+    monkeypatch.setattr(bulk, "CHUNK", 10)
     login(client, "view", "change")
     state = State.FAILED if action == "retry_jobs" else State.QUEUED
     matching = JobFactory.create_batch(
-        1050, queue_name="emails", **({"failed": True} if state == State.FAILED else {})
+        105, queue_name="emails", **({"failed": True} if state == State.FAILED else {})
     )
     other = JobFactory.in_state(state, queue_name="default")  # not matched by the filter
     url = f"{LIST_URL}?queue_name=emails"
@@ -159,7 +159,7 @@ def test_select_all_acts_on_every_matching_row_in_chunks(client, monkeypatch, ac
     assert ("select_across", "1") in fields
     assert _action_url == url
     verb = "failed jobs will get a new attempt" if state == State.FAILED else "queued jobs will"
-    assert summary(page).startswith(f"1050 {verb}")
+    assert summary(page).startswith(f"105 {verb}")
 
     with CaptureQueriesContext(connection) as captured:
         response = confirm(client, page)
@@ -167,16 +167,16 @@ def test_select_all_acts_on_every_matching_row_in_chunks(client, monkeypatch, ac
     later_chunks = [
         q["sql"]
         for q in captured
-        if q["sql"].endswith("LIMIT 100") and f"{qn(Job._meta.db_table)}.{qn('id')} < " in q["sql"]
+        if q["sql"].endswith("LIMIT 10") and f"{qn(Job._meta.db_table)}.{qn('id')} < " in q["sql"]
     ]
-    assert len(later_chunks) == 10  # 1050 rows, 100 at a time: never all at once
+    assert len(later_chunks) == 10  # 105 rows, 10 at a time: never all at once
     [message] = messages_of(response)
     if state == State.FAILED:
-        assert message.startswith("Queued a new attempt for 1050 of 1050 selected jobs: ")
-        assert Job.objects.filter(queue_name="emails", state=State.QUEUED).count() == 1050
+        assert message.startswith("Queued a new attempt for 105 of 105 selected jobs: ")
+        assert Job.objects.filter(queue_name="emails", state=State.QUEUED).count() == 105
     else:
-        assert message == "Cancelled 1050 of 1050 selected jobs; skipped 0."
-        assert Job.objects.filter(failure_reason=FailureReason.CANCELLED).count() == 1050
+        assert message == "Cancelled 105 of 105 selected jobs; skipped 0."
+        assert Job.objects.filter(failure_reason=FailureReason.CANCELLED).count() == 105
     assert Job.objects.get(pk=other.pk).state == state  # outside the filter: untouched
     assert not Job.objects.filter(previous=other).exists()
 
