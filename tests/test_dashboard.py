@@ -3,7 +3,7 @@ its permissions, escaping, and that every query it makes reads an index."""
 
 import re
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -40,9 +40,18 @@ def login(client: Client, *perms: str) -> User:
     return user
 
 
-def finished(state: str, *, ran: float, waited: float, ago: float, **fields: object) -> Job:
-    """An attempt that waited `waited` s from due to started, ran `ran` s, ended `ago` s ago."""
-    end = timezone.now() - timedelta(seconds=ago)
+def finished(
+    state: str,
+    *,
+    ran: float,
+    waited: float,
+    ago: float,
+    now: datetime | None = None,
+    **fields: object,
+) -> Job:
+    """An attempt that waited `waited` s from due to started, ran `ran` s, ended `ago` s
+    before `now` (default: the present)."""
+    end = (now or timezone.now()) - timedelta(seconds=ago)
     started = end - timedelta(seconds=ran)
     due = started - timedelta(seconds=waited)
     fields.setdefault("enqueued_at", due - timedelta(seconds=30))  # enqueued, then due
@@ -53,11 +62,15 @@ def bucket(upper: float) -> int:
     return BOUNDS.index(upper)
 
 
-def known_rows() -> None:
+def known_rows() -> datetime:
+    """The rows the figures are checked against, each group at one moment before the
+    returned one (read once: rows made one by one on a loaded machine once straddled a
+    minute, and the group's bar held 15 of its 50)."""
+    now = timezone.now()
     for _ in range(50):
-        finished(State.SUCCEEDED, ran=0.4, waited=1.5, ago=600)
+        finished(State.SUCCEEDED, ran=0.4, waited=1.5, ago=600, now=now)
         # Enqueued after its run_after (a retry due at once): latency from enqueued_at.
-        end = timezone.now() - timedelta(seconds=300)
+        end = now - timedelta(seconds=300)
         JobFactory.in_state(
             State.SUCCEEDED,
             started_at=end - timedelta(seconds=4),
@@ -66,9 +79,9 @@ def known_rows() -> None:
             run_after=end - timedelta(seconds=100),
         )
     for _ in range(25):
-        finished(State.FAILED, ran=0.4, waited=1.5, ago=120, task_path="tests.tasks.boom")
+        finished(State.FAILED, ran=0.4, waited=1.5, ago=120, now=now, task_path="tests.tasks.boom")
     for _ in range(5):  # cancelled while queued: never started, not the task's failure
-        end = timezone.now() - timedelta(seconds=60)
+        end = now - timedelta(seconds=60)
         JobFactory(
             state=State.FAILED,
             failure_reason=FailureReason.CANCELLED,
@@ -83,17 +96,19 @@ def known_rows() -> None:
             ran=40,
             waited=0.004,  # SQLite counts whole milliseconds
             ago=30,
+            now=now,
             queue_name="emails",
             task_path="tests.tasks.email",
             failure_reason=FailureReason.TIMEOUT,
             error_class="django_jobstate.exceptions.JobTimeout",
             error_message="ran past its timeout of 30 s",
         )
-    finished(State.SUCCEEDED, ran=1, waited=1, ago=7200)  # in the day, not the hour
+    finished(State.SUCCEEDED, ran=1, waited=1, ago=7200, now=now)  # in the day, not the hour
+    return now
 
 
 def test_the_hours_figures_per_queue():
-    known_rows()
+    made = known_rows()
     now = db_now("default")
     start, slots = window("hour", now)
     assert (slots, now - start <= timedelta(hours=1, minutes=1)) == (60, True)
@@ -119,7 +134,7 @@ def test_the_hours_figures_per_queue():
     # Per minute: each group in its minute's bar.
     bars = {slot: dict(outcomes) for slot, outcomes in default.bars.items()}
     assert sum(sum(b.values()) for b in bars.values()) == 130
-    ten_minutes_ago = (timezone.now() - timedelta(seconds=600) - start) // timedelta(minutes=1)
+    ten_minutes_ago = (made - timedelta(seconds=600) - start) // timedelta(minutes=1)
     assert bars[ten_minutes_ago] == {"succeeded": 50}
 
     day_start, day_slots = window("day", now)
