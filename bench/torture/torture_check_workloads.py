@@ -227,7 +227,14 @@ def _uniques(
             wrong += 1
             examples["unique_wrong_holder"].append(f"{u}: {attempts and describe(attempts[-1])}")
     new = len({u.result_id for u in work.uniques})
-    locked = sum(u.locked_holder for u in work.uniques)
+    locked = 0
+    for u in work.uniques:
+        if u.locked_holder and not _holder_held_by_a_fault(u, chains, faults, work):
+            locked += 1
+            holder = [a for a in chains.get(u.result_id, []) if a["started_at"]]
+            examples["unique_locked_holder"].append(
+                f"{u}: {describe(holder[-1]) if holder else 'never started'}"
+            )
     return {
         "uniques": Figure(
             "unique enqueues (new tasks / duplicates returning the holder / errors)",
@@ -243,7 +250,7 @@ def _uniques(
             True,
         ),
         "unique_locked_holder": Figure(
-            "duplicate enqueues whose open transaction held the holder's row (PostgreSQL)",
+            "duplicate enqueues whose transaction held the holder's row (PostgreSQL, no fault)",
             locked,
             True,
         ),
@@ -327,6 +334,33 @@ def _batches(
         ),
         "batch_write": Figure("body returned -> success written, mixed batches", _seconds(delays)),
     }
+
+
+def _holder_held_by_a_fault(
+    u: Any, chains: dict[str, list[Row]], faults: Faults, work: Workload
+) -> bool:
+    """Could the lock the probe met on a duplicate's holder be a fault's, not the caller's:
+    the row locked by the row-lock workload, or its worker held inside its claim or its
+    outcome's write (SIGSTOPped, its link cut, its interpreter held)?"""
+    jobs = chains.get(u.result_id, [])
+    every = [a for attempts in chains.values() for a in attempts]
+    for lock in work.row_locks:
+        if _overlaps(u.at, u.done, lock.at, lock.released) and any(
+            a["id"] in lock.pks for a in jobs
+        ):
+            return True
+    for a in jobs:
+        wid = a["worker_id"] or ""
+        if not (wid and a["started_at"]) or not _overlaps(
+            u.at, u.done, a["started_at"], a["finished_at"]
+        ):
+            continue
+        cut = any(
+            wid.startswith(c.prefix) and _overlaps(u.at, u.done, c.at, c.ended) for c in faults.cuts
+        )
+        if cut or held(every, faults, wid, u.at, u.done):
+            return True
+    return False
 
 
 def _stalled(
