@@ -5,6 +5,7 @@ The events, stable names a log search can rely on:
     worker.started, worker.stopped, worker.orphaned, worker.claim_failed, worker.claimed,
     worker.ended, worker.overdue, worker.released, supervisor.started, supervisor.stopped,
     worker.skipped_locked (job_ids: the runnable jobs a --burst run left, locked),
+    worker.released_unknown (attempts of a claim whose reply was lost, handed back),
     supervisor.signal, supervisor.database_unavailable, supervisor.outcomes_unwritten,
     runjobs.database_unavailable, runjobs.unknown_queue, metrics.serving,
     job.succeeded, job.failed, job.snoozed, job.handed_back, job.outcome_discarded, job.no_signal,
