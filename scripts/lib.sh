@@ -623,41 +623,52 @@ mysql_start() {
         cat "$tmp/install.log" >&2
         return 1
     fi
+    # Free port from 53306 up. Parallel runs (scripts/test's MariaDB parts) can race for
+    # the same port, so a bind failure just moves on to the next one, as pg_start does.
     port=53306
-    while _pg_port_in_use "$port"; do
-        port=$((port + 1))
-        if ((port > 53506)); then
-            _err "no free TCP port in 53306-53506 on 127.0.0.1"
-            return 1
+    for attempt in 1 2 3 4 5; do
+        while _pg_port_in_use "$port"; do
+            port=$((port + 1))
+            if ((port > 53506)); then
+                _err "no free TCP port in 53306-53506 on 127.0.0.1"
+                return 1
+            fi
+        done
+        {
+            echo "[mariadbd]"
+            echo "datadir = $tmp/data"
+            echo "socket = $tmp/mysql.sock"
+            echo "pid-file = $tmp/mysqld.pid"
+            echo "log-error = $tmp/server.log"
+            echo "bind-address = ${JOBSTATE_MYSQL_BIND:-127.0.0.1}"
+            echo "port = $port"
+            echo "character-set-server = utf8mb4"
+            echo "collation-server = utf8mb4_unicode_ci"
+            echo "max_connections = 400"
+            echo "skip-log-bin"
+            echo "skip-name-resolve"
+            echo "innodb_buffer_pool_size = 512M"
+            if [[ ${MYSQL_DURABLE:-} != 1 ]]; then
+                # A throwaway test database needs no crash safety (PG_DURABLE's twin).
+                echo "innodb_flush_log_at_trx_commit = 2"
+                echo "innodb_doublewrite = 0"
+            fi
+        } >"$tmp/my.cnf" || return 1
+        _mysql_ctl_script "$tmp" "$server" "$owner" "$port" >"$tmp/ctl.sh" || return 1
+        chmod 755 "$tmp/ctl.sh" || return 1
+        export JOBSTATE_MYSQL_CTL="$tmp/ctl.sh" JOBSTATE_MYSQL_LOG="$tmp/server.log"
+        if [[ -f $tmp/server.log ]]; then : >"$tmp/server.log"; fi # this attempt's messages
+        if "$JOBSTATE_MYSQL_CTL" start; then
+            break
         fi
-    done
-    {
-        echo "[mariadbd]"
-        echo "datadir = $tmp/data"
-        echo "socket = $tmp/mysql.sock"
-        echo "pid-file = $tmp/mysqld.pid"
-        echo "log-error = $tmp/server.log"
-        echo "bind-address = ${JOBSTATE_MYSQL_BIND:-127.0.0.1}"
-        echo "port = $port"
-        echo "character-set-server = utf8mb4"
-        echo "collation-server = utf8mb4_unicode_ci"
-        echo "max_connections = 400"
-        echo "skip-log-bin"
-        echo "skip-name-resolve"
-        echo "innodb_buffer_pool_size = 512M"
-        if [[ ${MYSQL_DURABLE:-} != 1 ]]; then
-            # A throwaway test database needs no crash safety (PG_DURABLE's twin).
-            echo "innodb_flush_log_at_trx_commit = 2"
-            echo "innodb_doublewrite = 0"
+        if ((attempt < 5)) && grep -q 'Address already in use' "$tmp/server.log" 2>/dev/null; then
+            _log "Port $port was taken meanwhile; retrying on the next one."
+            port=$((port + 1))
+            continue
         fi
-    } >"$tmp/my.cnf" || return 1
-    _mysql_ctl_script "$tmp" "$server" "$owner" "$port" >"$tmp/ctl.sh" || return 1
-    chmod 755 "$tmp/ctl.sh" || return 1
-    export JOBSTATE_MYSQL_CTL="$tmp/ctl.sh" JOBSTATE_MYSQL_LOG="$tmp/server.log"
-    if ! "$JOBSTATE_MYSQL_CTL" start; then
         cat "$tmp/server.log" >&2 2>/dev/null || true
         return 1
-    fi
+    done
     # The test user has every privilege: Django's test runner creates test_* databases.
     if ! "$client" --no-defaults --socket="$tmp/mysql.sock" -uroot -e "
         CREATE USER 'jobstate'@'%' IDENTIFIED BY 'jobstate';
@@ -706,8 +717,13 @@ start() {
     else
         $(printf '%q' "$2") --defaults-file="\$dir/my.cnf" >>"\$dir/server.log" 2>&1 &
     fi
+    local launched=\$!
     for ((i = 0; i < 600; i++)); do
         if running && (exec 3<>/dev/tcp/127.0.0.1/$4) 2>/dev/null; then return 0; fi
+        if ! kill -0 "\$launched" 2>/dev/null; then # it gave up (a port taken meanwhile...)
+            echo "MariaDB exited while starting; see \$dir/server.log" >&2
+            return 1
+        fi
         sleep 0.1
     done
     echo "MariaDB did not start in 60 s; see \$dir/server.log" >&2
