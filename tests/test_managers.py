@@ -161,6 +161,21 @@ def test_a_failed_attempt_is_retried_once():
         Job.objects.retry(retry)
 
 
+def test_a_retried_unique_attempt_whose_key_another_task_holds_now_is_already_retried():
+    """Found by the state machine (tests/test_stateful.py): the second retry of an attempt
+    whose next attempt failed too, while a newer task holds the key. The INSERT breaks both
+    the one-row-per-attempt and the unique key constraints; which one the database names is
+    its choice (SQLite: the key's), but what the caller must hear is that it was retried."""
+    first = JobFactory(failed=True, unique_key="k", unique_scope="live")
+    second = Job.objects.retry(first)
+    assert Job.objects.cancel(second) == CancelOutcome.CANCELLED
+    holder = JobFactory(unique_key="k", unique_scope="live")  # another task, queued
+    with pytest.raises(LostRace, match=f"Job {first.pk} already has a next attempt"):
+        Job.objects.retry(first)
+    assert Job.objects.filter(unique_key="k").count() == 3
+    assert Job.objects.get(pk=holder.pk).state == State.QUEUED
+
+
 def old_failure() -> Job:
     """A failed first attempt of a task that allows a second, finished 30 days ago."""
     at = timezone.now() - timedelta(days=30)

@@ -228,9 +228,13 @@ class Outcomes(MySQLWrites):
 
     def _key_held(self, job: Job) -> Exception:
         """The error for a retry of `job` that met a live row with its key: LostRace if
-        that is the task's own next attempt, else JobAlreadyEnqueued."""
+        that is the task's own next attempt, or if `job` has one already (the INSERT broke
+        both constraints: the database names one, SQLite the key's), else JobAlreadyEnqueued."""
         scope = UniqueScope(cast(str, job.unique_scope))
-        held = self.using(job._state.db).filter(HOLDS_KEY[scope], unique_key=job.unique_key)
+        attempts = self.using(job._state.db)
+        if attempts.filter(result_id=job.result_id, attempt=job.attempt + 1).exists():
+            return LostRace(f"Job {job.pk} already has a next attempt: another writer retried it.")
+        held = attempts.filter(HOLDS_KEY[scope], unique_key=job.unique_key)
         holder = held.first()
         if holder is not None and holder.result_id == job.result_id:
             return LostRace(f"Job {job.pk} already has a next attempt: {holder}.")
