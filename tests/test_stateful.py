@@ -19,9 +19,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from django.db.models import Count
 from django.utils import timezone
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -48,9 +47,6 @@ MACHINE_SETTINGS = settings(
     stateful_step_count=50,
     deadline=None,
     database=None,  # no .hypothesis/ directory in the repository
-    # The same sequences every run: the coverage asserted below must not depend on luck
-    # (a random run under load once reached no succeeded row).
-    derandomize=True,
     suppress_health_check=[HealthCheck.too_slow],
 )
 
@@ -91,6 +87,11 @@ def table() -> dict[int, dict[str, Any]]:
     return {row["id"]: row for row in Job.objects.values()}
 
 
+# The same sequences every run (a random run under load once reached no succeeded row), from a
+# seed whose runs reach every case the test asserts at its end: of seeds 1-13, three reach no
+# cancel of a running attempt. A change of the rules changes the sequences: if the coverage
+# check then fails, try the next seeds (a failure of an invariant is a bug, whatever the seed).
+@seed(3)
 class JobMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
@@ -364,35 +365,40 @@ class JobMachine(RuleBasedStateMachine):
             Job.objects.fail(stale, FailureReason.ERROR)
         assert table() == before
 
-    # Invariants
+    # Invariants: one read of the table per step, every check made on that snapshot (a
+    # query per check cost two thirds of this test's time, for the same rows).
 
     @invariant()
-    def states_are_the_four(self) -> None:
-        assert not Job.objects.exclude(state__in=State.values).exists()
+    def the_table_keeps_every_invariant(self) -> None:
+        rows = table()
+        self.states_are_the_four(rows)
+        self.at_most_one_live_row_per(rows, "result_id")  # one live attempt per task
+        self.at_most_one_live_row_per(rows, "unique_key")
+        self.attempts_are_numbered_without_gaps(rows)
+        self.terminal_rows_never_change(rows)
+        self.a_cancelled_failure_had_a_request_and_no_automatic_retry(rows)
+        self.the_table_is_what_the_model_expects(rows)
 
-    @invariant()
-    def at_most_one_live_attempt_per_task(self) -> None:
-        live = Job.objects.live().order_by().values("result_id").annotate(n=Count("id"))
-        assert not live.filter(n__gt=1).exists()
+    def states_are_the_four(self, rows: dict[int, dict[str, Any]]) -> None:
+        assert {row["state"] for row in rows.values()} <= set(State.values)
 
-    @invariant()
-    def at_most_one_live_row_per_unique_key(self) -> None:
-        live = Job.objects.live().exclude(unique_key=None)
-        counts = live.order_by().values("unique_key").annotate(n=Count("id"))
-        assert not counts.filter(n__gt=1).exists()
+    def at_most_one_live_row_per(self, rows: dict[int, dict[str, Any]], column: str) -> None:
+        live = Counter(
+            row[column]
+            for row in rows.values()
+            if row["state"] in LIVE_STATES and row[column] is not None
+        )
+        assert not [value for value, n in live.items() if n > 1], (column, live)
 
-    @invariant()
-    def attempts_are_numbered_without_gaps(self) -> None:
+    def attempts_are_numbered_without_gaps(self, rows: dict[int, dict[str, Any]]) -> None:
         numbers: dict[Any, set[int]] = defaultdict(set)
-        for result_id, attempt in Job.objects.values_list("result_id", "attempt"):
-            numbers[result_id].add(attempt)
+        for row in rows.values():
+            numbers[row["result_id"]].add(row["attempt"])
         for result_id, present in numbers.items():
             seen = present | self.gone[result_id]
             assert seen == set(range(1, max(seen) + 1)), (result_id, present, seen)
 
-    @invariant()
-    def terminal_rows_never_change(self) -> None:
-        rows = table()
+    def terminal_rows_never_change(self, rows: dict[int, dict[str, Any]]) -> None:
         for pk, row in rows.items():
             if row["state"] not in TERMINAL_STATES:
                 continue
@@ -402,9 +408,9 @@ class JobMachine(RuleBasedStateMachine):
             assert row == before, f"terminal row {pk} changed"
         assert set(self.terminal) <= set(rows), "a terminal row vanished without a prune"
 
-    @invariant()
-    def a_cancelled_failure_had_a_request_and_no_automatic_retry(self) -> None:
-        rows = table()
+    def a_cancelled_failure_had_a_request_and_no_automatic_retry(
+        self, rows: dict[int, dict[str, Any]]
+    ) -> None:
         for row in rows.values():
             if row["failure_reason"] == FailureReason.CANCELLED:
                 assert row["cancel_requested_at"] is not None
@@ -413,8 +419,7 @@ class JobMachine(RuleBasedStateMachine):
                 if row["worker_id"] is None:
                     SEEN["cancelled, never started"] += 1
 
-    @invariant()
-    def the_table_is_what_the_model_expects(self) -> None:
+    def the_table_is_what_the_model_expects(self, rows: dict[int, dict[str, Any]]) -> None:
         def cancelled(r: dict[str, Any]) -> bool:
             return r["failure_reason"] == FailureReason.CANCELLED
 
@@ -426,7 +431,7 @@ class JobMachine(RuleBasedStateMachine):
                 cancelled(r),
                 bool(r["cancel_requested_at"]),
             )
-            for pk, r in table().items()
+            for pk, r in rows.items()
         }
         expected = {
             pk: (a.state, a.worker_id, a.attempt, a.cancelled, a.cancel_requested)
@@ -446,6 +451,7 @@ def test_random_sequences_of_state_writes_keep_every_invariant():
     run_state_machine_as_test(JobMachine, settings=MACHINE_SETTINGS)
 
     # The runs were not vacuous: they reached every state, retries, prunes and cancels.
+    print("SEEN", SEEN)
     assert SEEN["steps"] >= 200, SEEN
     assert all(SEEN[f"state {state}"] for state in State.values), SEEN
     assert SEEN["retried"], SEEN
