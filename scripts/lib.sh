@@ -360,12 +360,45 @@ ensure_pgbouncer() {
     return 0
 }
 
-_pg_port_in_use() {
+_port_in_use() {
     if command -v ss >/dev/null 2>&1; then
         ss -ltn "sport = :$1" 2>/dev/null | tail -n +2 | grep -q .
     else
         (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null
     fi
+}
+
+# _free_port FROM TO: sets `port` to the first TCP port from FROM (or `port`, when it is
+# higher) to TO that nothing listens on at 127.0.0.1.
+_free_port() {
+    if [[ -z ${port:-} ]] || ((port < $1)); then port=$1; fi
+    while _port_in_use "$port"; do
+        port=$((port + 1))
+        if ((port > $2)); then
+            _err "no free TCP port in $1-$2 on 127.0.0.1"
+            return 1
+        fi
+    done
+}
+
+# _start_on_free_port FROM TO LOG START...: `START... PORT` on the first free port from FROM
+# to TO; when the server could not bind it (LOG says so: a parallel run, scripts/test's
+# parts, took it meanwhile), again on the next free one, up to five tries. Sets `port`.
+_start_on_free_port() {
+    local from=$1 to=$2 log=$3 attempt
+    shift 3
+    port=$from
+    for attempt in 1 2 3 4 5; do
+        _free_port "$from" "$to" || return 1
+        if [[ -f $log ]]; then : >"$log"; fi # this attempt's messages (keeps the owner's file)
+        if "$@" "$port"; then return 0; fi
+        if ((attempt < 5)) && grep -qE 'could not bind|Address already in use' "$log" 2>/dev/null; then
+            _log "Port $port was taken meanwhile; retrying on the next one."
+            port=$((port + 1))
+            continue
+        fi
+        return 1
+    done
 }
 
 # _pg_as_owner OWNER CMD...: run CMD as the cluster owner ("" = ourselves),
@@ -398,8 +431,16 @@ _as_owner() {
 # It listens on 127.0.0.1 only, unless JOBSTATE_PG_EXTRA_LISTEN names one more
 # address (and JOBSTATE_PG_EXTRA_HBA the network trusted to connect there): the
 # partition test runs it inside a network namespace whose veth has that address.
+
+# _pg_start_on PORT: start the cluster of pg_start on PORT (a bind failure: stopped again).
+_pg_start_on() {
+    echo "port = $1" >>"$JOBSTATE_PG_DIR/data/postgresql.conf" || return 1
+    if "$JOBSTATE_PG_CTL" start -w -t 30 >"$JOBSTATE_PG_DIR/pg_ctl.out" 2>&1; then return 0; fi
+    "$JOBSTATE_PG_CTL" stop -m immediate >/dev/null 2>&1 || true
+    return 1
+}
 pg_start() {
-    local bindir owner="" tmp port attempt locale_opt=(--no-locale) i
+    local bindir owner="" tmp port locale_opt=(--no-locale) i
     if ! bindir=$(pg_bindir); then
         if [[ $EUID -eq 0 ]] && command -v apt-get >/dev/null 2>&1; then
             _log "PostgreSQL server not found; installing it with apt-get."
@@ -483,35 +524,13 @@ EOF
     export JOBSTATE_PG_CTL="$tmp/pg_ctl.sh"
     export JOBSTATE_PG_LOG="$tmp/server.log"
 
-    # Free port from 55432 up. Parallel runs can race for the same port, so a
-    # "could not bind" failure just moves on to the next one.
-    port=55432
-    for attempt in 1 2 3 4 5; do
-        while _pg_port_in_use "$port"; do
-            port=$((port + 1))
-            if ((port > 55632)); then
-                _err "no free TCP port in 55432-55632 on 127.0.0.1"
-                return 1
-            fi
-        done
-        echo "port = $port" >>"$tmp/data/postgresql.conf" || return 1
-        # Keep only this attempt's messages (truncating keeps the owner's file).
-        if [[ -f $tmp/server.log ]]; then : >"$tmp/server.log"; fi
-        if "$JOBSTATE_PG_CTL" start -w -t 30 >"$tmp/pg_ctl.out" 2>&1; then
-            break
-        fi
-        if ((attempt < 5)) && grep -qE 'could not bind|Address already in use' "$tmp/server.log" 2>/dev/null; then
-            _log "Port $port was taken meanwhile; retrying on the next one."
-            "$JOBSTATE_PG_CTL" stop -m immediate >/dev/null 2>&1 || true
-            port=$((port + 1))
-            continue
-        fi
+    if ! _start_on_free_port 55432 55632 "$tmp/server.log" _pg_start_on; then
         _err "PostgreSQL did not start. pg_ctl said:"
         cat "$tmp/pg_ctl.out" >&2 2>/dev/null || true
         _log "Server log ($tmp/server.log):"
         cat "$tmp/server.log" >&2 2>/dev/null || true
         return 1
-    done
+    fi
 
     export PGHOST=127.0.0.1 PGPORT="$port" PGUSER=jobstate PGDATABASE=jobstate
     # pg_ctl -w has already waited; this double-checks that TCP connections work.
@@ -588,6 +607,36 @@ mysql_bin() {
 # JOBSTATE_MYSQL_CTL (start|stop|kill|restart the server: the fault tests use it) and
 # JOBSTATE_MYSQL_LOG. Installs mariadb-server with apt-get when no server is found (root
 # only). Callers must `trap mysql_stop EXIT` first, so that a half-started server goes too.
+# _mysql_start_on TMP SERVER OWNER PORT: write the config of mysql_start's server for PORT, and
+# start it.
+_mysql_start_on() {
+    local tmp=$1 server=$2 owner=$3 port=$4
+    {
+        echo "[mariadbd]"
+        echo "datadir = $tmp/data"
+        echo "socket = $tmp/mysql.sock"
+        echo "tmpdir = $tmp/tmp"
+        echo "pid-file = $tmp/mysqld.pid"
+        echo "log-error = $tmp/server.log"
+        echo "bind-address = ${JOBSTATE_MYSQL_BIND:-127.0.0.1}"
+        echo "port = $port"
+        echo "character-set-server = utf8mb4"
+        echo "collation-server = utf8mb4_unicode_ci"
+        echo "max_connections = 400"
+        echo "skip-log-bin"
+        echo "skip-name-resolve"
+        echo "innodb_buffer_pool_size = 512M"
+        if [[ ${MYSQL_DURABLE:-} != 1 ]]; then
+            # A throwaway test database needs no crash safety (PG_DURABLE's twin).
+            echo "innodb_flush_log_at_trx_commit = 2"
+            echo "innodb_doublewrite = 0"
+        fi
+    } >"$tmp/my.cnf" || return 1
+    _mysql_ctl_script "$tmp" "$server" "$owner" "$port" >"$tmp/ctl.sh" || return 1
+    chmod 755 "$tmp/ctl.sh" || return 1
+    export JOBSTATE_MYSQL_CTL="$tmp/ctl.sh" JOBSTATE_MYSQL_LOG="$tmp/server.log"
+    "$JOBSTATE_MYSQL_CTL" start
+}
 mysql_start() {
     local server installer client owner="" tmp port
     if ! server=$(mysql_bin mariadbd mysqld); then
@@ -616,59 +665,23 @@ mysql_start() {
 
     _log "Starting throwaway MariaDB ($("$server" --version 2>/dev/null | head -n1)) in $tmp${owner:+ as user $owner}"
     # --no-defaults: the machine's /etc/mysql must not leak into the test server.
+    # Its own tmpdir: a MariaDB server deletes every #sql* file in its tmpdir as it starts,
+    # another server's temporary tables too (two parts of scripts/test start side by side).
+    mkdir "$tmp/tmp" || return 1
+    if [[ -n $owner ]]; then chown "$owner:" "$tmp/tmp" || return 1; fi
     if ! _as_owner "$tmp" "$owner" "$installer" --no-defaults --datadir="$tmp/data" \
+        --tmpdir="$tmp/tmp" \
         --auth-root-authentication-method=normal --skip-test-db \
         ${owner:+--user="$owner"} >"$tmp/install.log" 2>&1; then
         _err "mariadb-install-db failed:"
         cat "$tmp/install.log" >&2
         return 1
     fi
-    # Free port from 53306 up. Parallel runs (scripts/test's MariaDB parts) can race for
-    # the same port, so a bind failure just moves on to the next one, as pg_start does.
-    port=53306
-    for attempt in 1 2 3 4 5; do
-        while _pg_port_in_use "$port"; do
-            port=$((port + 1))
-            if ((port > 53506)); then
-                _err "no free TCP port in 53306-53506 on 127.0.0.1"
-                return 1
-            fi
-        done
-        {
-            echo "[mariadbd]"
-            echo "datadir = $tmp/data"
-            echo "socket = $tmp/mysql.sock"
-            echo "pid-file = $tmp/mysqld.pid"
-            echo "log-error = $tmp/server.log"
-            echo "bind-address = ${JOBSTATE_MYSQL_BIND:-127.0.0.1}"
-            echo "port = $port"
-            echo "character-set-server = utf8mb4"
-            echo "collation-server = utf8mb4_unicode_ci"
-            echo "max_connections = 400"
-            echo "skip-log-bin"
-            echo "skip-name-resolve"
-            echo "innodb_buffer_pool_size = 512M"
-            if [[ ${MYSQL_DURABLE:-} != 1 ]]; then
-                # A throwaway test database needs no crash safety (PG_DURABLE's twin).
-                echo "innodb_flush_log_at_trx_commit = 2"
-                echo "innodb_doublewrite = 0"
-            fi
-        } >"$tmp/my.cnf" || return 1
-        _mysql_ctl_script "$tmp" "$server" "$owner" "$port" >"$tmp/ctl.sh" || return 1
-        chmod 755 "$tmp/ctl.sh" || return 1
-        export JOBSTATE_MYSQL_CTL="$tmp/ctl.sh" JOBSTATE_MYSQL_LOG="$tmp/server.log"
-        if [[ -f $tmp/server.log ]]; then : >"$tmp/server.log"; fi # this attempt's messages
-        if "$JOBSTATE_MYSQL_CTL" start; then
-            break
-        fi
-        if ((attempt < 5)) && grep -q 'Address already in use' "$tmp/server.log" 2>/dev/null; then
-            _log "Port $port was taken meanwhile; retrying on the next one."
-            port=$((port + 1))
-            continue
-        fi
+    if ! _start_on_free_port 53306 53506 "$tmp/server.log" \
+        _mysql_start_on "$tmp" "$server" "$owner"; then
         cat "$tmp/server.log" >&2 2>/dev/null || true
         return 1
-    done
+    fi
     # The test user has every privilege: Django's test runner creates test_* databases.
     if ! "$client" --no-defaults --socket="$tmp/mysql.sock" -uroot -e "
         CREATE USER 'jobstate'@'%' IDENTIFIED BY 'jobstate';
@@ -821,14 +834,8 @@ redis_start() {
     : >"$tmp/.jobstate-redis" || return 1
     export JOBSTATE_REDIS_DIR="$tmp"
     if [[ -n $owner ]]; then chown "$owner:" "$tmp" || return 1; fi
-    port=56379
-    while _pg_port_in_use "$port"; do
-        port=$((port + 1))
-        if ((port > 56579)); then
-            _err "no free TCP port in 56379-56579 on 127.0.0.1"
-            return 1
-        fi
-    done
+    port=""
+    _free_port 56379 56579 || return 1
     # Only what differs from a stock redis.conf's effect: where it lives and listens.
     cat >"$tmp/redis.conf" <<CONF || return 1
 bind 127.0.0.1
