@@ -359,6 +359,17 @@ def machine_info() -> dict[str, Any]:
     return info
 
 
+def worker_counts(text: str) -> tuple[int, ...]:
+    """--workers: "1,4" -> (1, 4)."""
+    try:
+        counts = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"not a comma list of worker counts: {text!r}")
+    return counts
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     def names(choices: list[str]) -> Callable[[str], list[str]]:
         def parse(text: str) -> list[str]:
@@ -389,6 +400,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--peers", action="store_true", help="with --quick: Celery and Procrastinate too"
     )
     parser.add_argument("--n", type=int, help="jobs per drain (default 5,000; quick 500)")
+    parser.add_argument(
+        "--workers",
+        type=worker_counts,
+        help="worker processes of each drain and I/O-bound figure, a comma list (default 1,4)",
+    )
     parser.add_argument("--history-rows", type=int, help="default 1,000,000; quick 10,000")
     parser.add_argument(
         "--history-budget", type=float, help="seconds per history drain (default 120; quick 20)"
@@ -414,6 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         ("memory", args.memory_jobs),
         ("repeat", args.repeat),
         ("history_repeat", args.repeat),
+        ("workers", args.workers),
     ]:
         if value is not None:
             sizes = replace(sizes, **{field: value})
