@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -18,31 +19,41 @@ from django_jobstate.models import Job
 from django_jobstate.states import State
 
 
-def finished_history(n: int = 20_000) -> None:
-    """`n` attempts that succeeded over the last `n` minutes, by worker "w": a few hundred
-    made in Python, then copied inside the database, doubling each time, a minute older
-    per row copied (about 20 times faster than making them all in Python, and hundreds of
-    times faster than enqueueing, claiming and finishing them)."""
+def finished_history(
+    n: int = 20_000,
+    *,
+    every: timedelta = timedelta(minutes=1),
+    vary: Callable[[int], dict[str, Any]] | None = None,
+) -> None:
+    """`n` attempts that finished over the last `n` x `every`, by worker "w": a few hundred
+    made in Python, then copied inside the database, doubling each time, older by as long
+    as the rows copied span (about 20 times faster than making them all in Python, and
+    hundreds of times faster than enqueueing, claiming and finishing them). They
+    succeeded, unless `vary(i)` gives the i-th of the first few hundred other fields
+    (its copies keep them)."""
     now, made = timezone.now(), min(n, 500)
     Job.objects.bulk_create(
         Job(
-            result_id=uuid.uuid4(),
-            task_path="tests.tasks.record",
-            args=[str(i)],
-            kwargs={},
-            state=State.SUCCEEDED,
-            worker_id="w",
-            enqueued_at=now - timedelta(minutes=i, seconds=2),
-            run_after=now - timedelta(minutes=i, seconds=2),
-            started_at=now - timedelta(minutes=i, seconds=1),
-            finished_at=now - timedelta(minutes=i),
-            return_value="done",
+            **{
+                "result_id": uuid.uuid4(),
+                "task_path": "tests.tasks.record",
+                "args": [str(i)],
+                "kwargs": {},
+                "state": State.SUCCEEDED,
+                "worker_id": "w",
+                "enqueued_at": now - every * i - timedelta(seconds=2),
+                "run_after": now - every * i - timedelta(seconds=2),
+                "started_at": now - every * i - timedelta(seconds=1),
+                "finished_at": now - every * i,
+                "return_value": "done",
+                **(vary(i) if vary else {}),
+            }
         )
         for i in range(made)
     )
     while made < n:
-        copied = min(made, n - made)  # the newest `copied` rows, `made` minutes older
-        _copy_history(copied, timedelta(minutes=made))
+        copied = min(made, n - made)  # the newest `copied` rows, `made` x `every` older
+        _copy_history(copied, every * made)
         made += copied
 
 
@@ -79,7 +90,7 @@ def _copy_history(rows: int, older: timedelta) -> None:
         else:
             values[name] = F(field.attname)
     select = (
-        Job.objects.filter(worker_id="w", task_path="tests.tasks.record")
+        Job.objects.filter(worker_id="w", finished_at__isnull=False)
         .order_by("-finished_at")
         .values(**values)[:rows]
     )

@@ -2,8 +2,8 @@
 its permissions, escaping, and that every query it makes reads an index."""
 
 import re
-import uuid
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission, User
@@ -25,7 +25,7 @@ from django_jobstate.history import (
 from django_jobstate.models import Job, JobQueue
 from django_jobstate.states import FailureReason, State
 from tests.factories import JobFactory
-from tests.plans import analyze_job_table, job_table_reads
+from tests.plans import analyze_job_table, finished_history, job_table_reads
 
 pytestmark = pytest.mark.django_db
 
@@ -249,28 +249,19 @@ def test_the_fragment_is_the_figures_alone_for_the_refresh(client):
 @pytest.mark.django_db(transaction=True)
 def test_every_query_of_the_page_reads_an_index_over_20000_finished_rows(client):
     now = timezone.now()
-    rows = []
-    for i in range(24_000):  # a month of history, every ~108 s
-        end = now - timedelta(seconds=108 * i + 1)
+
+    def vary(i: int) -> dict[str, Any]:
         failed = i % 7 == 0
-        rows.append(
-            Job(
-                result_id=uuid.uuid4(),
-                args=[],
-                kwargs={},
-                state=State.FAILED if failed else State.SUCCEEDED,
-                failure_reason=FailureReason.ERROR if failed else "",
-                error_message="boom" if failed else "",
-                task_path=f"tests.tasks.t{i % 5}",
-                queue_name=("default", "emails")[i % 2],
-                worker_id="w",
-                enqueued_at=end - timedelta(seconds=3),
-                run_after=end - timedelta(seconds=3),
-                started_at=end - timedelta(seconds=2),
-                finished_at=end,
-            )
-        )
-    Job.objects.bulk_create(rows, batch_size=2000)
+        return {
+            "state": State.FAILED if failed else State.SUCCEEDED,
+            "failure_reason": FailureReason.ERROR if failed else "",
+            "error_message": "boom" if failed else "",
+            "return_value": None if failed else "done",
+            "task_path": f"tests.tasks.t{i % 5}",
+            "queue_name": ("default", "emails")[i % 2],
+        }
+
+    finished_history(24_000, every=timedelta(seconds=108), vary=vary)  # a month, every 108 s
     for _ in range(50):
         JobFactory(run_after=now - timedelta(seconds=60))
     analyze_job_table()
