@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import Exists, OuterRef
 
 from .dbclock import Now
+from .limits import HELD
 from .states import LIVE_STATES, TERMINAL_STATES, State
 
 if TYPE_CHECKING:
@@ -39,7 +40,19 @@ class JobQuerySet(models.QuerySet["Job"]):
         from .models import JobQueue
 
         paused = JobQueue.objects.paused().values("name")
-        return self.due(queues).exclude(queue_name__in=paused)
+        # Not those held by a concurrency limit (limits.py): they wait for a slot.
+        return self.due(queues).filter(hold=None).exclude(queue_name__in=paused)
+
+    def held_by_limits(self) -> list[dict[str, Any]]:
+        """The queued jobs that wait for a slot of a concurrency limit, per task and limit:
+        [{"task": path, "limit": N, "held": count}], waiting for a running job of their
+        key to finish, not stuck (limits.py)."""
+        held = self.filter(HELD).order_by().values("task_path", "concurrency_limit")
+        rows = held.annotate(n=models.Count("pk")).order_by("task_path", "concurrency_limit")
+        return [
+            {"task": row["task_path"], "limit": row["concurrency_limit"], "held": row["n"]}
+            for row in rows
+        ]
 
     def for_queues(self, queues: Iterable[str] | None) -> JobQuerySet:
         """The jobs of those queues (None: of every queue)."""
@@ -137,6 +150,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             "cancel_requested": self.running().filter(cancel_requested_at__isnull=False).count(),
             "oldest_runnable_age_seconds": None if age is None else round(age, 3),
             "paused_due": paused_due,
+            "held_by_limits": self.held_by_limits(),
             "oldest_paused_age_seconds": None if paused_age is None else round(paused_age, 3),
             "workers": workers,
             "lost_workers": sum(worker["lost"] for worker in workers),

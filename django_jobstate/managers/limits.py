@@ -1,0 +1,189 @@
+"""Concurrency limits (limits.py): handing out the slots of a key.
+
+A limited row enters held (enqueue.py, and a retry in outcomes.py), and then, in the same
+transaction, its key's free slots go to the oldest held rows of the key in claim order
+(_release_slots). A row that leaves the live set (succeeded, failed: by its worker, a
+rescue, a timeout, a cancel) frees its slot by that write alone, and the same
+transaction hands it on (Writes._transition calls _release_slots). Whoever hands out a
+key's slots holds that key's lock until the transaction ends, so two of them never give
+out one slot twice; the unique index on (key, slot) would refuse it anyway. A dead
+worker's slot stays taken until its attempt is rescued (failed as lost): a limit of 1
+never becomes 2 while a worker is merely silent.
+
+Held rows are not in the claim's index: the claim needs no per-key logic, and a key with
+a backlog of held rows costs the claim nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, cast
+
+from django.db import connections, router, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Count, F, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce
+
+from ..limits import HELD, HOLDS_SLOT, Hold
+from ..notify import NOTIFY_QUEUE, queue_payload
+from ..states import State
+from .base import Writes
+
+if TYPE_CHECKING:
+    from ..models import Job
+    from .unique import Row
+
+# The claim order of held rows (the index jobstate_job_held).
+_CLAIM_ORDER = ("-priority", "run_after", "id")
+
+
+def lock_key(connection: BaseDatabaseWrapper, key: str) -> None:
+    """Hold `key`'s lock until the transaction ends: whoever hands out its slots.
+
+    PostgreSQL: an advisory lock on the key's first 64 bits. MariaDB/MySQL: the key's
+    ConcurrencyLock row, written (locked) by an upsert: one statement, so two newcomers
+    cannot both read a row and then both wait to upgrade the lock (a deadlock). SQLite:
+    nothing, as its writers already hold the database's write lock.
+    """
+    if connection.vendor == "postgresql":
+        number = int(key[:16], 16) - (1 << 63)  # a signed bigint
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_advisory_xact_lock(%s)", [number])
+    elif connection.vendor == "mysql":
+        from ..models import ConcurrencyLock
+
+        table = connection.ops.quote_name(ConcurrencyLock._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"INSERT INTO {table} (`key`) VALUES (%s) ON DUPLICATE KEY UPDATE `key` = `key`",
+                [key],
+            )
+
+
+class Limits(Writes):
+    if TYPE_CHECKING:  # enqueue.py's and unique.py's, which write the rows
+
+        def _insert_chunks(
+            self, db: str, template: Job, rows: list[Row], jobs: list[Job], lock_held: bool = False
+        ) -> dict[str, int]: ...
+
+        def _enqueue_unique(
+            self,
+            db: str,
+            template: Job,
+            rows: list[Row],
+            jobs: list[Job],
+            raise_duplicates: bool,
+        ) -> list[Job]: ...
+
+    def _enqueue_limited(
+        self,
+        db: str,
+        template: Job,
+        rows: list[Row],
+        jobs: list[Job],
+        keys: Sequence[str],
+        unique: bool,
+        raise_duplicates: bool,
+    ) -> list[Job]:
+        """enqueue_many() of a limited task: every row enters held, one INSERT per key (the
+        key is a column of the statement's template), then each key's free slots go to its
+        oldest held rows (_release_slots), all in one transaction."""
+        groups: dict[str, list[int]] = {}
+        for i, key in enumerate(keys):
+            groups.setdefault(key, []).append(i)
+        results: list[Job | None] = [None] * len(jobs)
+        with transaction.atomic(using=db):
+            for key, at in sorted(groups.items()):
+                keyed = copy.copy(template)
+                keyed.concurrency_key = key
+                group = [jobs[i] for i in at]
+                for job in group:
+                    job.concurrency_key, job.concurrency_limit = key, template.concurrency_limit
+                    job.hold = template.hold
+                if unique:
+                    got = self._enqueue_unique(
+                        db, keyed, [rows[i] for i in at], group, raise_duplicates
+                    )
+                else:
+                    self._insert_chunks(db, keyed, [rows[i] for i in at], group)
+                    got = group
+                for i, job in zip(at, got, strict=True):
+                    results[i] = job
+            self._release_slots(db, groups)
+            # What the release gave the rows just written.
+            written = {job.pk: job for job in jobs if job.pk is not None}
+            slots = (
+                self.using(db).filter(pk__in=written).values_list("pk", "hold", "concurrency_slot")
+            )
+            for pk, hold, slot in slots:
+                written[pk].hold, written[pk].concurrency_slot = hold, slot
+        return cast(list["Job"], results)
+
+    def _release_slots(self, db: str, keys: Iterable[str]) -> int:
+        """Give the free slots of each of `keys` to its oldest held rows; return how many
+        rows got one. Must run in a transaction (the keys' locks last until it ends)."""
+        connection = connections[db]
+        released = 0
+        woken: set[tuple[str, int]] = set()
+        # In key order, so that two callers with several keys never wait in a cycle.
+        for key in sorted(set(keys)):
+            lock_key(connection, key)
+            live = self.using(db).filter(HOLDS_SLOT, concurrency_key=key)
+            used = set(live.values_list("concurrency_slot", flat=True))
+            held = self.using(db).filter(HELD, concurrency_key=key).order_by(*_CLAIM_ORDER)
+            head = held.values_list("concurrency_limit", flat=True).first()
+            if head is None:
+                continue
+            # The newest rows' limit: a limit changed by a deploy applies from its jobs on.
+            free = [slot for slot in range(1, head + 1) if slot not in used]
+            if not free:
+                continue
+            rows = held.values_list("pk", "queue_name", "priority")[: len(free)]
+            for pk, queue, priority in rows:
+                # Conditional: a held row cancelled meanwhile keeps its place out of this.
+                given = (
+                    self.using(db)
+                    .filter(pk=pk, state=State.QUEUED, hold=Hold.LIMIT)
+                    .update(hold=None, concurrency_slot=free[0])
+                )
+                if given == 1:
+                    free.pop(0)
+                    released += 1
+                    woken.add((queue, priority))
+        if woken and connection.vendor == "postgresql":
+            with connection.cursor() as cursor:  # sent at the commit: wake a worker
+                for queue, priority in woken:
+                    cursor.execute(f"SELECT {NOTIFY_QUEUE}", [queue_payload(queue, priority)])
+        return released
+
+    def release_held(self) -> int:
+        """The safety net: give free slots to held rows of keys that have some (a crash
+        between two statements, a limit raised by a deploy); return how many got one.
+
+        One query finds the keys whose held head has a limit above the key's live slots;
+        each is then handed out as a finish would, under its lock.
+        """
+        db = router.db_for_write(self.model)
+        slots = (
+            self.using(db)
+            .filter(HOLDS_SLOT, concurrency_key=OuterRef("concurrency_key"))
+            .order_by()
+            .values("concurrency_key")
+            .annotate(n=Count("pk"))
+            .values("n")
+        )
+        keys = (
+            self.using(db)
+            .filter(HELD)
+            .annotate(taken=Coalesce(Subquery(slots[:1]), 0))
+            .filter(Q(concurrency_limit__gt=F("taken")))
+            .values_list("concurrency_key", flat=True)
+            .distinct()
+        )
+        released = 0
+        for key in list(keys):
+            with transaction.atomic(using=db):
+                released += self._release_slots(db, [key])
+        return released

@@ -1,0 +1,201 @@
+"""Concurrency limits: slots per task or key, handed out at enqueue and at finish, and
+refused by the database when over the limit (limits.py, managers/limits.py)."""
+
+import io
+
+import pytest
+from django.core.checks import run_checks
+from django.core.management import call_command
+from django.db import IntegrityError, transaction
+from django.test import override_settings
+
+from django_jobstate.backend import JobStateBackend
+from django_jobstate.exceptions import WorkerLost
+from django_jobstate.limits import Hold, concurrency_key
+from django_jobstate.models import Job
+from django_jobstate.states import FailureReason, State
+from django_jobstate.tasksapi import InvalidTask, task
+from tests.limit_tasks import one_per_customer, three_at_once, two_per_customer, unlimited
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+backend = JobStateBackend("default", {})
+
+
+def row(result):
+    return Job.objects.filter(result_id=result.id).order_by("attempt").last()
+
+
+def slots(*results):
+    """Each task's newest attempt: its slot, or "held"."""
+    return [
+        "held" if job.hold == Hold.LIMIT else job.concurrency_slot
+        for job in (row(r) for r in results)
+    ]
+
+
+def claim_all(worker="w"):
+    return Job.objects.claim(worker, limit=100)
+
+
+# The options
+
+
+def plain(customer: int, note: str = "") -> None:
+    """Made a task only by the tests below (a task function must be at module level)."""
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"concurrency": 0}, "concurrency of task .* must be a whole number from 1"),
+        ({"concurrency": 1.5}, "must be a whole number"),
+        ({"concurrency": True}, "must be a whole number"),
+        ({"concurrency": 1, "concurrency_key": ["client"]}, r"names 'client', which is not a"),
+        ({"concurrency": 1, "concurrency_key": "customer"}, "must be a non-empty list"),
+        ({"concurrency_key": ["customer"]}, "needs concurrency=N too"),
+    ],
+)
+def test_bad_options_are_refused_at_import(options, message):
+    with pytest.raises(InvalidTask, match=message):
+        task(**options)(plain)
+
+
+def test_bad_options_in_the_setting_are_check_errors():
+    path = "tests.limit_tasks.unlimited"
+    with override_settings(
+        JOBSTATE_TASK_OPTIONS={path: {"concurrency": 1, "concurrency_key": ["nope"]}}
+    ):
+        errors = [m.msg for m in run_checks() if m.id == "django_jobstate.E015"]
+    assert any("names 'nope', which is not a parameter" in e for e in errors), errors
+
+
+def test_the_key_is_the_task_and_the_named_arguments_with_defaults():
+    key = concurrency_key(one_per_customer, [1, "a"], {})
+    assert key == concurrency_key(one_per_customer, [], {"customer": 1, "label": "b"})
+    assert key != concurrency_key(one_per_customer, [2, "a"], {})
+    assert concurrency_key(three_at_once, ["a"], {}) == concurrency_key(three_at_once, ["b"], {})
+
+
+# Enqueue and finish
+
+
+def test_an_enqueue_takes_the_lowest_free_slot_or_is_held():
+    first = one_per_customer.enqueue(1, "a")
+    second = one_per_customer.enqueue(1, "b")
+    other = one_per_customer.enqueue(2, "c")
+    assert slots(first, second, other) == [1, "held", 1]
+    assert {str(j.result_id) for j in claim_all()} == {first.id, other.id}  # never the held one
+    assert not Job.objects.runnable().exists()
+
+
+def test_a_finish_hands_the_slot_to_the_oldest_held_job_of_the_key():
+    results = [one_per_customer.enqueue(1, str(i)) for i in range(3)]
+    [job] = claim_all()
+    Job.objects.succeed(job, "0")
+    assert slots(*results) == [1, 1, "held"]
+    [job] = claim_all()
+    assert str(job.result_id) == results[1].id
+    Job.objects.fail(job, FailureReason.ERROR)
+    assert slots(*results) == [1, 1, 1]
+
+
+def test_a_per_task_limit_and_bulk_enqueue():
+    results = backend.bulk_enqueue(three_at_once, [((str(i),), {}) for i in range(5)])
+    assert slots(*results) == [1, 2, 3, "held", "held"]
+    jobs = claim_all()
+    assert len(jobs) == 3
+    assert Job.objects.succeed_many("w", [(jobs[0], None), (jobs[2], None)]) == {
+        jobs[0].pk,
+        jobs[2].pk,
+    }
+    assert slots(*results)[3:] == [1, 3]
+
+
+def test_a_bulk_enqueue_over_keys_holds_per_key():
+    calls = [((c, str(i)), {}) for i in range(3) for c in (1, 2)]
+    results = backend.bulk_enqueue(two_per_customer, calls)
+    assert slots(*results) == [1, 1, 2, 2, "held", "held"]
+
+
+def test_unlimited_rows_in_a_batch_write_as_before():
+    limited, free = three_at_once.enqueue("a"), unlimited.enqueue("b")
+    jobs = claim_all()
+    assert Job.objects.succeed_many("w", [(j, None) for j in jobs]) == {j.pk for j in jobs}
+    assert {row(r).state for r in (limited, free)} == {State.SUCCEEDED}
+
+
+def test_a_retry_enters_through_the_gate():
+    first = two_per_customer.enqueue(1, "a")
+    others = [two_per_customer.enqueue(1, x) for x in "bc"]
+    job = next(j for j in claim_all() if str(j.result_id) == first.id)
+    Job.objects.fail(job, FailureReason.ERROR)  # max_attempts 2: retried
+    retry = row(first)
+    assert retry.attempt == 2
+    # The freed slot went to the oldest held job; the retry waits behind it.
+    assert slots(*others) == [2, 1]
+    assert retry.hold == Hold.LIMIT
+
+
+def test_a_rescue_frees_the_slot_and_a_cancel_of_a_held_job_takes_none():
+    results = [one_per_customer.enqueue(1, x) for x in "abc"]
+    [job] = claim_all()
+    backend.cancel(results[1].id)  # held: cancelled in place
+    assert row(results[1]).state == State.FAILED
+    assert slots(results[2]) == ["held"]
+    Job.objects.fail_running(job.worker_id, FailureReason.LOST, WorkerLost("gone"))
+    assert slots(results[2]) == [1]
+
+
+def test_the_sweep_releases_a_held_job_whose_key_has_a_free_slot():
+    result = one_per_customer.enqueue(1, "a")
+    # As if a crash had left it held with its slot free (no code path does).
+    Job.objects.filter(result_id=result.id).update(hold=Hold.LIMIT, concurrency_slot=None)
+    assert Job.objects.release_held() == 1
+    assert slots(result) == [1]
+    assert Job.objects.release_held() == 0
+
+
+# The database refuses over-concurrency by itself
+
+
+def test_the_database_refuses_a_second_holder_of_a_slot():
+    one_per_customer.enqueue(1, "a")
+    held = row(one_per_customer.enqueue(1, "b"))
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=held.pk).update(hold=None, concurrency_slot=1)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"hold": None, "concurrency_slot": 2},  # above the limit
+        {"hold": None, "concurrency_slot": None},  # neither held nor holding a slot
+        {"hold": Hold.LIMIT, "concurrency_slot": 1},  # both
+        {"concurrency_limit": None},
+    ],
+)
+def test_the_database_refuses_rows_that_break_the_slot_rules(values):
+    job = row(one_per_customer.enqueue(1, "a"))
+    if values == {"hold": None, "concurrency_slot": None}:
+        job = claim_all()[0]  # a running row must hold a slot
+    with pytest.raises(IntegrityError), transaction.atomic():
+        Job.objects.filter(pk=job.pk).update(**values)
+
+
+# Reports
+
+
+def test_jobstats_says_held_jobs_wait_for_a_slot():
+    one_per_customer.enqueue(1, "a")
+    one_per_customer.enqueue(1, "b")
+    out = io.StringIO()
+    call_command("jobstats", stdout=out)
+    assert (
+        "1 jobs of tests.limit_tasks.one_per_customer wait for a slot of its concurrency "
+        "limit (1 at once)" in out.getvalue()
+    )
+    stats = Job.objects.stats(3.0)
+    assert stats["held_by_limits"] == [
+        {"task": "tests.limit_tasks.one_per_customer", "limit": 1, "held": 1}
+    ]
