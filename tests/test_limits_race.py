@@ -96,9 +96,7 @@ def test_two_supervisors_never_run_more_than_the_limit(runjobs):
         assert [name for _, _, name in spans] == [f"{customer}-{i}" for i in range(calls)]
     # Other keys ran meanwhile: a limit holds back its key only.
     assert keys_at_once >= 2 or any(
-        a[0] < b[1] and b[0] < a[1]
-        for a in found["one:1"]
-        for b in found["one:2"] + found["one:3"]
+        a[0] < b[1] and b[0] < a[1] for a in found["one:1"] for b in found["one:2"] + found["one:3"]
     )
     assert max(peaks.values()) >= 1
 

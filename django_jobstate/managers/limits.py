@@ -185,5 +185,5 @@ class Limits(Writes):
         released = 0
         for key in list(keys):
             with transaction.atomic(using=db):
-                released += self._release_slots(db, [key])
+                released += self._release_slots(db, [str(key)])
         return released
