@@ -32,16 +32,17 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(state__in=TERMINAL_STATES)
 
     def due(self, queues: Iterable[str] | None = None) -> JobQuerySet:
-        """Queued jobs whose time has come, paused queues' included."""
-        return self.queued().filter(run_after__lte=Now()).for_queues(queues)
+        """Queued jobs whose time has come, paused queues' included; not those held by a
+        concurrency limit (limits.py), which wait for a slot (and are not in the claim's
+        index, which serves this)."""
+        return self.queued().filter(run_after__lte=Now(), hold=None).for_queues(queues)
 
     def runnable(self, queues: Iterable[str] | None = None) -> JobQuerySet:
         """Due jobs that a worker may claim: not those of a paused queue."""
         from .models import JobQueue
 
         paused = JobQueue.objects.paused().values("name")
-        # Not those held by a concurrency limit (limits.py): they wait for a slot.
-        return self.due(queues).filter(hold=None).exclude(queue_name__in=paused)
+        return self.due(queues).exclude(queue_name__in=paused)
 
     def held_by_limits(self) -> list[dict[str, Any]]:
         """The queued jobs that wait for a slot of a concurrency limit, per task and limit:

@@ -8,11 +8,13 @@ from django.core.checks import run_checks
 from django.core.management import call_command
 from django.db import IntegrityError, transaction
 from django.test import override_settings
+from django.urls import reverse
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import WorkerLost
 from django_jobstate.limits import Hold, concurrency_key
 from django_jobstate.models import Job
+from django_jobstate.runner.stuck import Concern, stuck, why_stuck
 from django_jobstate.states import FailureReason, State
 from django_jobstate.tasksapi import InvalidTask, task
 from tests.limit_tasks import one_per_customer, three_at_once, two_per_customer, unlimited
@@ -199,3 +201,12 @@ def test_jobstats_says_held_jobs_wait_for_a_slot():
     assert stats["held_by_limits"] == [
         {"task": "tests.limit_tasks.one_per_customer", "limit": 1, "held": 1}
     ]
+
+
+def test_the_admin_says_a_held_job_waits_for_a_slot_not_that_it_is_stuck(admin_client):
+    one_per_customer.enqueue(1, "a")
+    held = row(one_per_customer.enqueue(1, "b"))
+    response = admin_client.get(reverse("admin:django_jobstate_job_changelist"))
+    assert "waits for a slot (limit 1)" in response.content.decode()
+    assert why_stuck(held) == []
+    assert not Job.objects.filter(stuck(Concern.QUEUE_PAUSED)).exists()
