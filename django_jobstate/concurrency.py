@@ -67,9 +67,10 @@ CONSTRAINTS = [
         ),
         name="jobstate_job_concurrency",
     ),
-    # Held: only a limited row without a slot. A running limited row holds a slot.
+    # Held: only a queued limited row without a slot (a cancel clears it). A running limited
+    # row holds a slot.
     models.CheckConstraint(
-        condition=Q(hold=None) | Q(hold__in=Hold.values, concurrency_slot=None),
+        condition=Q(hold=None) | Q(hold__in=Hold.values, concurrency_slot=None, state=State.QUEUED),
         name="jobstate_job_hold",
     ),
     models.CheckConstraint(
@@ -87,9 +88,11 @@ CONSTRAINTS = [
 ]
 
 INDEXES = [
-    # The held rows of a key in claim order: the next to get a freed slot first.
+    # The held rows of a key in claim order: the next to get a freed slot first; and the
+    # keys that have held rows, one step each (Limits.release_held). `hold` first, so that
+    # MariaDB/MySQL, which make it whole (no partial index), find the held rows together.
     db_indexes.Index(
-        fields=["concurrency_key", "-priority", "run_after", "id"],
+        fields=["hold", "concurrency_key", "-priority", "run_after", "id"],
         condition=Q(state=State.QUEUED, hold__isnull=False),
         name="jobstate_job_held",
     ),

@@ -6,8 +6,9 @@ import io
 import pytest
 from django.core.checks import run_checks
 from django.core.management import call_command
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_jobstate.backend import JobStateBackend
@@ -18,6 +19,7 @@ from django_jobstate.runner.stuck import Concern, stuck, why_stuck
 from django_jobstate.states import FailureReason, State
 from django_jobstate.tasksapi import InvalidTask, task
 from tests.limit_tasks import one_per_customer, three_at_once, two_per_customer, unlimited
+from tests.plans import analyze_job_table, finished_history, job_table_reads
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -149,12 +151,15 @@ def test_a_rescue_frees_the_slot_and_a_cancel_of_a_held_job_takes_none():
     assert slots(results[2]) == [1]
 
 
-def test_the_sweep_releases_a_held_job_whose_key_has_a_free_slot():
-    result = one_per_customer.enqueue(1, "a")
-    # As if a crash had left it held with its slot free (no code path does).
-    Job.objects.filter(result_id=result.id).update(hold=Hold.LIMIT, concurrency_slot=None)
+def test_the_sweep_releases_held_jobs_of_keys_with_a_free_slot_only():
+    full = [two_per_customer.enqueue(1, x) for x in "abc"]  # two run, one waits
+    free = [two_per_customer.enqueue(2, x) for x in "abc"]
+    # As if a crash had left key 2 with a slot free and its jobs held (no code path does).
+    Job.objects.filter(result_id=free[1].id).update(hold=Hold.LIMIT, concurrency_slot=None)
+    assert slots(*free) == [1, "held", "held"]
     assert Job.objects.release_held() == 1
-    assert slots(result) == [1]
+    assert slots(*free) == [1, 2, "held"]
+    assert slots(*full) == [1, 2, "held"]
     assert Job.objects.release_held() == 0
 
 
@@ -210,3 +215,31 @@ def test_the_admin_says_a_held_job_waits_for_a_slot_not_that_it_is_stuck(admin_c
     assert "waits for a slot (limit 1)" in response.content.decode()
     assert why_stuck(held) == []
     assert not Job.objects.filter(stuck(Concern.QUEUE_PAUSED)).exists()
+
+
+def test_handing_out_slots_reads_indexes_never_the_history():
+    finished_history(5000)
+    one_per_customer.enqueue(1, "a")
+    for x in "bcd":
+        one_per_customer.enqueue(1, x)  # held
+    key = row(one_per_customer.enqueue(2, "e")).concurrency_key
+    # The history is of the same keys (slots are kept on finished rows).
+    Job.objects.filter(state=State.SUCCEEDED).update(
+        concurrency_key=key, concurrency_limit=1, concurrency_slot=1
+    )
+    held = Job.objects.filter(concurrency_key=key, state=State.QUEUED)
+    held.update(hold=Hold.LIMIT, concurrency_slot=None)  # as if a crash left it held
+    analyze_job_table()
+    with CaptureQueriesContext(connection) as captured:
+        assert Job.objects.release_held() == 1
+    # No walk of the table (SQLite: a SCAN without an index) or of a whole index (MySQL).
+    table = connection.ops.quote_name(Job._meta.db_table)
+    reads = [q["sql"] for q in captured if q["sql"].lstrip().upper().startswith(("SELECT", "WITH"))]
+    reads = [sql for sql in reads if table in sql]  # not the key's lock
+    assert reads
+    for sql in reads:
+        found = job_table_reads(sql)
+        assert found, sql
+        walks = {(how, None) for how, _index in found if how in ("ALL", "index", "Seq Scan")}
+        walks |= {read for read in found if read == ("SCAN", None)}
+        assert not walks, (found, sql)

@@ -22,8 +22,6 @@ from typing import TYPE_CHECKING, cast
 
 from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Count, F, OuterRef, Q, Subquery
-from django.db.models.functions import Coalesce
 
 from ..limits import HELD, HOLDS_SLOT, Hold
 from ..notify import NOTIFY_QUEUE, queue_payload
@@ -34,6 +32,9 @@ if TYPE_CHECKING:
     from ..models import Job
     from .unique import Row
 
+# MariaDB/MySQL: the virtual column of the unique slot index (migration 0015), the key of a
+# row that holds a live slot, else NULL. Their optimizer cannot match the condition to it.
+MYSQL_SLOT_KEY = "mysql_concurrency_slot_key"
 # The claim order of held rows (the index jobstate_job_held).
 _CLAIM_ORDER = ("-priority", "run_after", "id")
 
@@ -131,6 +132,8 @@ class Limits(Writes):
         for key in sorted(set(keys)):
             lock_key(connection, key)
             live = self.using(db).filter(HOLDS_SLOT, concurrency_key=key)
+            if connection.vendor == "mysql":  # read from the slot index (migration 0015)
+                live = live.extra(where=[f"`{MYSQL_SLOT_KEY}` = %s"], params=[key])
             used = set(live.values_list("concurrency_slot", flat=True))
             held = self.using(db).filter(HELD, concurrency_key=key).order_by(*_CLAIM_ORDER)
             head = held.values_list("concurrency_limit", flat=True).first()
@@ -162,28 +165,47 @@ class Limits(Writes):
         """The safety net: give free slots to held rows of keys that have some (a crash
         between two statements, a limit raised by a deploy); return how many got one.
 
-        One query finds the keys whose held head has a limit above the key's live slots;
-        each is then handed out as a finish would, under its lock.
+        One statement finds those keys: a loose scan of the held rows' index, one step
+        per key (never per held row, however long a key's backlog), with each key's
+        head limit and live slots read from their indexes. Each is then handed out as a
+        finish would, under the key's lock.
         """
         db = router.db_for_write(self.model)
-        slots = (
-            self.using(db)
-            .filter(HOLDS_SLOT, concurrency_key=OuterRef("concurrency_key"))
-            .order_by()
-            .values("concurrency_key")
-            .annotate(n=Count("pk"))
-            .values("n")
+        connection = connections[db]
+        qn = connection.ops.quote_name
+        table = qn(self.model._meta.db_table)
+        key, hold, state = qn("concurrency_key"), qn("hold"), qn("state")
+        held = f"FROM {table} WHERE {hold} = %s AND {state} = %s"
+
+        holds_slot = (
+            f"`{MYSQL_SLOT_KEY}` = held_key.k"  # the slot index's virtual column
+            if connection.vendor == "mysql"
+            else f"{key} = held_key.k AND {qn('finished_at')} IS NULL "
+            f"AND {qn('concurrency_slot')} IS NOT NULL"
         )
-        keys = (
-            self.using(db)
-            .filter(HELD)
-            .annotate(taken=Coalesce(Subquery(slots[:1]), 0))
-            .filter(Q(concurrency_limit__gt=F("taken")))
-            .values_list("concurrency_key", flat=True)
-            .distinct()
-        )
+
+        def after(bound: str) -> str:
+            return f"SELECT {key} {held} {bound} ORDER BY {hold}, {key} LIMIT 1"
+
+        sql = f"""
+            WITH RECURSIVE held_key(k) AS (
+                SELECT ({after("")})
+                UNION ALL
+                SELECT ({after(f"AND {key} > held_key.k")}) FROM held_key
+                WHERE held_key.k IS NOT NULL
+            )
+            SELECT k FROM held_key WHERE k IS NOT NULL
+                AND (SELECT {qn("concurrency_limit")} {held} AND {key} = held_key.k
+                     ORDER BY {hold}, {key}, {qn("priority")} DESC, {qn("run_after")},
+                        {qn("id")} LIMIT 1)
+                > (SELECT COUNT(*) FROM {table} WHERE {holds_slot})
+        """
+        marks = [Hold.LIMIT, State.QUEUED]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, marks * 3)
+            keys = [row[0] for row in cursor.fetchall()]
         released = 0
-        for key in list(keys):
+        for found in keys:
             with transaction.atomic(using=db):
-                released += self._release_slots(db, [str(key)])
+                released += self._release_slots(db, [found])
         return released

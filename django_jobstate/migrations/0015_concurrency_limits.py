@@ -92,7 +92,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddIndex(
             model_name='job',
-            index=models.Index(condition=models.Q(('hold__isnull', False), ('state', 'queued')), fields=['concurrency_key', '-priority', 'run_after', 'id'], name='jobstate_job_held'),
+            index=models.Index(condition=models.Q(('hold__isnull', False), ('state', 'queued')), fields=['hold', 'concurrency_key', '-priority', 'run_after', 'id'], name='jobstate_job_held'),
         ),
         migrations.AddConstraint(
             model_name='job',
@@ -100,7 +100,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(('hold', None), models.Q(('concurrency_slot', None), ('hold__in', ['limit'])), _connector='OR'), name='jobstate_job_hold'),
+            constraint=models.CheckConstraint(condition=models.Q(('hold', None), models.Q(('concurrency_slot', None), ('hold__in', ['limit']), ('state', 'queued')), _connector='OR'), name='jobstate_job_hold'),
         ),
         migrations.AddConstraint(
             model_name='job',
