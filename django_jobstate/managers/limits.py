@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, cast
 
 from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import QuerySet
 
 from ..limits import HELD, HOLDS_SLOT, Hold
 from ..notify import NOTIFY_QUEUE, queue_payload
@@ -131,7 +132,7 @@ class Limits(Writes):
         # In key order, so that two callers with several keys never wait in a cycle.
         for key in sorted(set(keys)):
             lock_key(connection, key)
-            live = self.using(db).filter(HOLDS_SLOT, concurrency_key=key)
+            live: QuerySet[Job] = self.using(db).filter(HOLDS_SLOT, concurrency_key=key)
             if connection.vendor == "mysql":  # read from the slot index (migration 0015)
                 live = live.extra(where=[f"`{MYSQL_SLOT_KEY}` = %s"], params=[key])
             used = set(live.values_list("concurrency_slot", flat=True))
