@@ -36,3 +36,8 @@ def three_at_once(label: str, seconds: float = 0.0) -> str:
 @task
 def unlimited(label: str, seconds: float = 0.0) -> str:
     return _run("free", label, seconds)
+
+
+@task(unique=True, concurrency=1, concurrency_key=["customer"])
+def unique_one_per_customer(customer: int, label: str) -> str:
+    return _run(f"unique:{customer}", label, 0.0)

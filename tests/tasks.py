@@ -13,6 +13,7 @@ from tests.limit_tasks import (  # noqa: F401 (exposed: workers find them here)
     one_per_customer,
     three_at_once,
     two_per_customer,
+    unique_one_per_customer,
     unlimited,
 )
 from tests.models import Execution

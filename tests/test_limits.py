@@ -18,7 +18,13 @@ from django_jobstate.models import Job
 from django_jobstate.runner.stuck import Concern, stuck, why_stuck
 from django_jobstate.states import FailureReason, State
 from django_jobstate.tasksapi import InvalidTask, task
-from tests.limit_tasks import one_per_customer, three_at_once, two_per_customer, unlimited
+from tests.limit_tasks import (
+    one_per_customer,
+    three_at_once,
+    two_per_customer,
+    unique_one_per_customer,
+    unlimited,
+)
 from tests.plans import analyze_job_table, finished_history, job_table_reads
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -120,6 +126,20 @@ def test_a_bulk_enqueue_over_keys_holds_per_key():
     calls = [((c, str(i)), {}) for i in range(3) for c in (1, 2)]
     results = backend.bulk_enqueue(two_per_customer, calls)
     assert slots(*results) == [1, 1, 2, 2, "held", "held"]
+
+
+def test_a_unique_limited_task_deduplicates_then_limits():
+    first = unique_one_per_customer.enqueue(1, "a")
+    again = unique_one_per_customer.enqueue(1, "a")  # the same call: nothing written
+    other = unique_one_per_customer.enqueue(1, "b")
+    assert again.id == first.id
+    assert Job.objects.count() == 2
+    assert slots(first, other) == [1, "held"]
+    results = backend.bulk_enqueue(
+        unique_one_per_customer, [((2, "c"), {}), ((2, "c"), {}), ((1, "b"), {})]
+    )
+    assert [r.id for r in results][1:] == [results[0].id, other.id]
+    assert slots(results[0]) == [1]
 
 
 def test_unlimited_rows_in_a_batch_write_as_before():
