@@ -2,6 +2,7 @@
 refused by the database when over the limit (limits.py, managers/limits.py)."""
 
 import io
+import threading
 
 import pytest
 from django.core.checks import run_checks
@@ -263,3 +264,29 @@ def test_handing_out_slots_reads_indexes_never_the_history():
         walks = {(how, None) for how, _index in found if how in ("ALL", "index", "Seq Scan")}
         walks |= {read for read in found if read == ("SCAN", None)}
         assert not walks, (found, sql)
+
+
+def enqueue_and_close():
+    one_per_customer.enqueue(5, "elsewhere")
+    connection.close()
+
+
+def enqueue_after_an_older_snapshot() -> None:
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        Job.objects.exists()  # the snapshot is taken here
+        other = threading.Thread(target=enqueue_and_close)
+        other.start()
+        other.join(30)
+        one_per_customer.enqueue(5, "here")
+
+
+def test_repeatable_read_says_what_to_do():
+    """A caller's transaction whose snapshot is older than the slot's holder: the database
+    refuses the second holder, and the error says what to do."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite serializes writers: no snapshot can miss a holder")
+    with pytest.raises(IntegrityError, match="Retry the whole transaction"):
+        enqueue_after_an_older_snapshot()
+    assert Job.objects.count() == 1

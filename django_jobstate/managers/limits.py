@@ -20,7 +20,7 @@ import copy
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, cast
 
-from django.db import connections, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import QuerySet
 
@@ -36,6 +36,8 @@ if TYPE_CHECKING:
 # MariaDB/MySQL: the virtual column of the unique slot index (migration 0015), the key of a
 # row that holds a live slot, else NULL. Their optimizer cannot match the condition to it.
 MYSQL_SLOT_KEY = "mysql_concurrency_slot_key"
+# The unique index on (key, slot) of live rows (concurrency.py), named in its errors.
+SLOT_INDEX = "jobstate_job_concurrency_slot"
 # The claim order of held rows (the index jobstate_job_held).
 _CLAIM_ORDER = ("-priority", "run_after", "id")
 
@@ -147,11 +149,22 @@ class Limits(Writes):
             rows = held.values_list("pk", "queue_name", "priority")[: len(free)]
             for pk, queue, priority in rows:
                 # Conditional: a held row cancelled meanwhile keeps its place out of this.
-                given = (
-                    self.using(db)
-                    .filter(pk=pk, state=State.QUEUED, hold=Hold.LIMIT)
-                    .update(hold=None, concurrency_slot=free[0])
-                )
+                try:
+                    given = (
+                        self.using(db)
+                        .filter(pk=pk, state=State.QUEUED, hold=Hold.LIMIT)
+                        .update(hold=None, concurrency_slot=free[0])
+                    )
+                except IntegrityError as exc:
+                    if SLOT_INDEX not in str(exc) and "concurrency_slot" not in str(exc):
+                        raise
+                    raise IntegrityError(
+                        f"Job {pk} could not take slot {free[0]} of its concurrency key: a "
+                        f"transaction that committed after this transaction's snapshot holds "
+                        f"it (REPEATABLE READ or SERIALIZABLE isolation, where this "
+                        f"transaction read before). Retry the whole transaction, or enqueue "
+                        f"limited tasks under READ COMMITTED, Django's default. ({exc})"
+                    ) from exc
                 if given == 1:
                     free.pop(0)
                     released += 1
