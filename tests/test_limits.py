@@ -27,6 +27,7 @@ from tests.limit_tasks import (
     unlimited,
 )
 from tests.plans import analyze_job_table, finished_history, job_table_reads
+from tests.waiting import wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -290,3 +291,73 @@ def test_repeatable_read_says_what_to_do():
     with pytest.raises(IntegrityError, match="Retry the whole transaction"):
         enqueue_after_an_older_snapshot()
     assert Job.objects.count() == 1
+
+
+def lock_waits() -> int:
+    """Statements of this database waiting for a concurrency key's lock now."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND datname = current_database()"
+            )
+        else:  # a locking read that waits has no row in innodb_trx on MariaDB: its statement
+            cursor.execute(
+                "SELECT count(*) FROM information_schema.PROCESSLIST WHERE ID != "
+                "CONNECTION_ID() AND DB = DATABASE() AND INFO LIKE %s",
+                ["%jobstate_concurrencylock%"],
+            )
+        return cursor.fetchone()[0]
+
+
+def test_a_cancel_of_a_held_job_waits_for_the_key_before_its_row():
+    """Whoever hands out a key's slots writes held rows under the key's lock; a cancel of a
+    held row takes the lock first too, so the two never wait for each other in a cycle."""
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite has no row locks; its writers hold the write lock from BEGIN")
+    held = row(one_per_customer.enqueue(3, "a"))
+    behind = row(one_per_customer.enqueue(3, "b"))
+    # Free the slot behind the key's back, as a crash would (no code path does): the
+    # hand-out below gives it to `held`, the head, as the cancel of `held` begins.
+    Job.objects.filter(pk=held.pk).update(concurrency_slot=None, hold=Hold.LIMIT)
+    held.refresh_from_db()
+    locked, go, errors = threading.Event(), threading.Event(), []
+
+    def hand_out() -> None:
+        try:
+            with transaction.atomic():
+                Job.objects._lock_key("default", held.concurrency_key)
+                locked.set()
+                go.wait(30)
+                Job.objects._release_slots("default", [held.concurrency_key])
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    def cancel() -> None:
+        try:
+            Job.objects.cancel(held)
+        except Exception as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=hand_out), threading.Thread(target=cancel)]
+    threads[0].start()
+    locked.wait(30)
+    threads[1].start()
+    wait_for(lambda: lock_waits() or errors, "the cancel to wait for the key")
+    assert errors == []
+    go.set()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    held.refresh_from_db()
+    assert (held.state, held.failure_reason, held.hold) == (
+        State.FAILED,
+        FailureReason.CANCELLED,
+        None,
+    )
+    behind.refresh_from_db()
+    assert (behind.hold, behind.concurrency_slot) == (None, 1)  # the slot went on to it

@@ -205,6 +205,8 @@ class Writes(_JobManagerBase["Job"]):
 
         def _release_slots(self, db: str, keys: Iterable[str]) -> int: ...
 
+        def _lock_key(self, db: str, key: str) -> None: ...
+
     def _transition(self, job: Job, new: State, **values: Any) -> None:
         """Move `job` to `new` if it is still where this process last saw it.
 
@@ -218,9 +220,15 @@ class Writes(_JobManagerBase["Job"]):
             fence["worker_id"] = job.worker_id
         db = job._state.db or DEFAULT_DB_ALIAS
         # A limited row that finishes hands its slot on in the same transaction
-        # (managers/limits.py); other rows write as before, in one statement.
+        # (managers/limits.py), brief: it holds the key's lock. Other rows write as before,
+        # in one statement.
         key = job.concurrency_key if new in TERMINAL_STATES else None
-        with transaction.atomic(using=db, savepoint=False) if key else nullcontext():
+        with brief_transaction(db) if key else nullcontext():
+            if key is not None and job.state == State.QUEUED:
+                # A queued row may be held, which whoever hands out the key's slots writes
+                # under the key's lock: take it first, in their order (a running row is
+                # never theirs to write, and is written first, as a rescuer locks it).
+                self._lock_key(db, key)
             updated = self.using(db).filter(**fence).update(state=new, **values)
             if updated == 1 and key is not None:
                 self._release_slots(db, [key])

@@ -43,12 +43,17 @@ _CLAIM_ORDER = ("-priority", "run_after", "id")
 
 
 def lock_key(connection: BaseDatabaseWrapper, key: str) -> None:
-    """Hold `key`'s lock until the transaction ends: whoever hands out its slots.
+    """Hold `key`'s lock until the transaction ends: whoever hands out its slots. Taken
+    again by the same transaction, it is already held: nothing waits.
 
-    PostgreSQL: an advisory lock on the key's first 64 bits. MariaDB/MySQL: the key's
-    ConcurrencyLock row, written (locked) by an upsert: one statement, so two newcomers
-    cannot both read a row and then both wait to upgrade the lock (a deadlock). SQLite:
-    nothing, as its writers already hold the database's write lock.
+    PostgreSQL: an advisory lock on the key's first 64 bits. SQLite: nothing, as its
+    writers already hold the database's write lock. MariaDB/MySQL: the key's
+    ConcurrencyLock row, locked by a read FOR UPDATE of its primary key (a record lock,
+    which a second read of the same transaction finds held); made by the first to need it
+    with an upsert, which waits for another first one and locks the row either way (an
+    INSERT IGNORE would take a shared lock that the FOR UPDATE must upgrade: two of them
+    would deadlock). Never the upsert for a row that exists: its lock, of another kind,
+    would queue behind a waiter of this transaction's own lock, a deadlock.
     """
     if connection.vendor == "postgresql":
         number = int(key[:16], 16) - (1 << 63)  # a signed bigint
@@ -59,10 +64,13 @@ def lock_key(connection: BaseDatabaseWrapper, key: str) -> None:
 
         table = connection.ops.quote_name(ConcurrencyLock._meta.db_table)
         with connection.cursor() as cursor:
-            cursor.execute(
-                f"INSERT INTO {table} (`key`) VALUES (%s) ON DUPLICATE KEY UPDATE `key` = `key`",
-                [key],
-            )
+            cursor.execute(f"SELECT `key` FROM {table} WHERE `key` = %s FOR UPDATE", [key])
+            if cursor.fetchone() is None:
+                cursor.execute(
+                    f"INSERT INTO {table} (`key`) VALUES (%s) "
+                    f"ON DUPLICATE KEY UPDATE `key` = `key`",
+                    [key],
+                )
 
 
 class Limits(Writes):
@@ -124,6 +132,9 @@ class Limits(Writes):
             for pk, hold, slot in slots:
                 written[pk].hold, written[pk].concurrency_slot = hold, slot
         return cast(list["Job"], results)
+
+    def _lock_key(self, db: str, key: str) -> None:
+        lock_key(connections[db], key)
 
     def _release_slots(self, db: str, keys: Iterable[str]) -> int:
         """Give the free slots of each of `keys` to its oldest held rows; return how many
