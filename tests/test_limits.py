@@ -82,6 +82,13 @@ def test_bad_options_in_the_setting_are_check_errors():
     assert any("names 'nope', which is not a parameter" in e for e in errors), errors
 
 
+def test_the_setting_limits_a_task_you_do_not_own():
+    options = {"concurrency": 1, "concurrency_key": ["label"]}
+    with override_settings(JOBSTATE_TASK_OPTIONS={"tests.limit_tasks.unlimited": options}):
+        results = [unlimited.enqueue(label) for label in ("a", "a", "b")]
+    assert slots(*results) == [1, "held", 1]
+
+
 def test_the_key_is_the_task_and_the_named_arguments_with_defaults():
     key = concurrency_key(one_per_customer, [1, "a"], {})
     assert key == concurrency_key(one_per_customer, [], {"customer": 1, "label": "b"})
