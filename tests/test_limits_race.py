@@ -137,3 +137,13 @@ def test_held_jobs_do_not_hold_up_other_jobs(runjobs):
     assert result.returncode == 0, result.stdout
     assert Job.objects.filter(state=State.SUCCEEDED).count() == len(others)
     assert Job.objects.filter(hold=Hold.LIMIT, state=State.QUEUED).count() == 199
+
+
+def test_a_burst_run_drains_a_key_one_job_after_another(runjobs):
+    """Each finish hands the key's slot to the next job, which the finishing worker (or
+    another) then claims: the burst does not end while the key has jobs."""
+    backend.bulk_enqueue(one_per_customer, [((4, str(i), 0.0), {}) for i in range(5)])
+    result = runjobs.run("--burst", "--concurrency", "2", timeout=120)
+    assert result.returncode == 0, result.stdout
+    assert Job.objects.filter(state=State.SUCCEEDED).count() == 5
+    assert [name for _, _, name in sorted(runs()["one:4"])] == [str(i) for i in range(5)]
