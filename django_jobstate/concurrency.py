@@ -67,17 +67,19 @@ CONSTRAINTS = [
         ),
         name="jobstate_job_concurrency",
     ),
-    # Held: only a queued limited row without a slot (a cancel clears it). A running limited
-    # row holds a slot.
+    # Held: only a queued limited row without a slot (a cancel clears it).
     models.CheckConstraint(
         condition=Q(hold=None) | Q(hold__in=Hold.values, concurrency_slot=None, state=State.QUEUED),
         name="jobstate_job_hold",
     ),
+    # A live limited row holds a slot or waits for one: never neither (claimable, with no
+    # slot) nor both.
     models.CheckConstraint(
-        condition=~Q(state=State.RUNNING)
-        | Q(concurrency_key=None)
-        | Q(concurrency_slot__isnull=False, hold=None),
-        name="jobstate_job_running_slot",
+        condition=Q(concurrency_key=None)
+        | Q(state__in=[State.SUCCEEDED, State.FAILED])
+        | Q(concurrency_slot__isnull=False, hold=None)
+        | Q(concurrency_slot=None, hold__isnull=False),
+        name="jobstate_job_live_slot",
     ),
     # The database refuses over-concurrency by itself: one live row per slot of a key.
     db_indexes.UniqueConstraint(

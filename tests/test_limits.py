@@ -206,14 +206,15 @@ def test_the_database_refuses_a_second_holder_of_a_slot():
     "values",
     [
         {"hold": None, "concurrency_slot": 2},  # above the limit
-        {"hold": None, "concurrency_slot": None},  # neither held nor holding a slot
+        {"hold": None, "concurrency_slot": None},  # running: neither held nor holding a slot
+        {"hold": None, "concurrency_slot": None, "state": State.QUEUED},  # queued: neither
         {"hold": Hold.LIMIT, "concurrency_slot": 1},  # both
         {"concurrency_limit": None},
     ],
 )
 def test_the_database_refuses_rows_that_break_the_slot_rules(values):
     job = row(one_per_customer.enqueue(1, "a"))
-    if values == {"hold": None, "concurrency_slot": None}:
+    if values == {"hold": None, "concurrency_slot": None}:  # on a running row
         job = claim_all()[0]  # a running row must hold a slot
     with pytest.raises(IntegrityError), transaction.atomic():
         Job.objects.filter(pk=job.pk).update(**values)

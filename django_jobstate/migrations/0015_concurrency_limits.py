@@ -104,7 +104,7 @@ class Migration(migrations.Migration):
         ),
         migrations.AddConstraint(
             model_name='job',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('state', 'running'), _negated=True), ('concurrency_key', None), models.Q(('concurrency_slot__isnull', False), ('hold', None)), _connector='OR'), name='jobstate_job_running_slot'),
+            constraint=models.CheckConstraint(condition=models.Q(('concurrency_key', None), ('state__in', ['succeeded', 'failed']), models.Q(('concurrency_slot__isnull', False), ('hold', None)), models.Q(('concurrency_slot', None), ('hold__isnull', False)), _connector='OR'), name='jobstate_job_live_slot'),
         ),
         migrations.AddConstraint(
             model_name='job',
