@@ -218,7 +218,7 @@ class Writes(_JobManagerBase["Job"]):
         fence: dict[str, Any] = {"pk": job.pk, "state": job.state}
         if job.state == State.RUNNING:
             fence["worker_id"] = job.worker_id
-        db = job._state.db or DEFAULT_DB_ALIAS
+        db = job._state.db or router.db_for_write(self.model)
         # A limited row that finishes hands its slot on in the same transaction
         # (managers/limits.py), brief: it holds the key's lock. Other rows write as before,
         # in one statement.
