@@ -243,6 +243,8 @@ def test_the_admin_says_a_held_job_waits_for_a_slot_not_that_it_is_stuck(admin_c
     held = row(one_per_customer.enqueue(1, "b"))
     response = admin_client.get(reverse("admin:django_jobstate_job_changelist"))
     assert "waits for a slot (limit 1)" in response.content.decode()
+    page = admin_client.get(reverse("admin:django_jobstate_job_change", args=[held.pk]))
+    assert "waits for a slot (limit 1)" in page.content.decode()
     assert why_stuck(held) == []
     assert not Job.objects.filter(stuck(Concern.QUEUE_PAUSED)).exists()
 
