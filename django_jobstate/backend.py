@@ -13,6 +13,7 @@ from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import OperationalError
 
 from .conf import Settings, get_settings
+from .limits import concurrency_key, is_limited
 from .loading import check_loadable
 from .loading import load_task as load_task  # re-exported: worker.py imports it from here
 from .states import FailureReason, State
@@ -135,6 +136,10 @@ class JobStateBackend(BaseTaskBackend):
                 "unique_scope": UniqueScope(getattr(task, "unique_scope", UniqueScope.LIVE)),
                 "raise_duplicates": getattr(task, "on_duplicate", "return") == "raise",
             }
+        limited: dict[str, Any] = {}
+        if is_limited(task):  # limits.py
+            limited["concurrency_keys"] = [concurrency_key(task, a, k) for a, k in calls]
+            limited["concurrency_limit"] = task.concurrency  # type: ignore[attr-defined]
         try:
             return Job.objects.enqueue_many(
                 task.module_path,
@@ -149,6 +154,7 @@ class JobStateBackend(BaseTaskBackend):
                 metadata=getattr(task, "metadata", None),
                 trace_context=trace_context,
                 **unique,
+                **limited,
             )
         except OperationalError as exc:
             if unique and getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:

@@ -9,7 +9,8 @@ from django.utils.translation import gettext_lazy as _
 
 # The other tables, each in the module of its writes (imported here: Django finds an app's
 # models in its models module).
-from . import db_indexes
+from . import concurrency, db_indexes
+from .concurrency import ConcurrencyLock as ConcurrencyLock
 from .heartbeats import WorkerHeartbeat as WorkerHeartbeat
 from .managers import JobManager
 from .queues import JobQueue as JobQueue
@@ -22,8 +23,10 @@ _NOT_FAILED = Q(failure_reason="")
 _CANCELLED = Q(failure_reason=FailureReason.CANCELLED)
 
 
-class Job(models.Model):
-    """One attempt of one enqueued task; its next attempt, if any, is a new row."""
+class Job(concurrency.ConcurrencyFields):
+    """One attempt of one enqueued task; its next attempt, if any, is a new row.
+
+    Its concurrency limit's columns come from ConcurrencyFields (concurrency.py)."""
 
     State = State
     FailureReason = FailureReason
@@ -226,19 +229,21 @@ class Job(models.Model):
                 )
                 for scope in UniqueScope
             ),
+            *concurrency.CONSTRAINTS,
         ]
         indexes = [
             # The claim's candidates, per queue in the claim's order; only queued rows are
             # in it. Queue first, so that a claim from one queue never walks another's
             # backlog (a claim from several merges their heads: managers/claim.py). The
             # order is all ascending (-priority, not priority DESC), so that a claim can
-            # start from a key: JobManager.claim(from_key=...).
+            # start from a key: JobManager.claim(from_key=...). Rows held by a concurrency
+            # limit are not in it (concurrency.py): a claim never walks them.
             db_indexes.Index(
                 F("queue_name"),
                 -F("priority"),
                 F("run_after"),
                 F("id"),
-                condition=Q(state=State.QUEUED),
+                condition=Q(state=State.QUEUED, hold=None),
                 name="jobstate_job_runnable",
             ),
             db_indexes.Index(
@@ -271,6 +276,7 @@ class Job(models.Model):
                 condition=Q(finished_at__isnull=False),
                 name="jobstate_job_by_finished",
             ),
+            *concurrency.INDEXES,
         ]
 
     def __str__(self) -> str:

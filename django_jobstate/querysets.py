@@ -11,6 +11,7 @@ from django.db import models
 from django.db.models import Exists, OuterRef
 
 from .dbclock import Now
+from .limits import HELD
 from .states import LIVE_STATES, TERMINAL_STATES, State
 
 if TYPE_CHECKING:
@@ -31,8 +32,10 @@ class JobQuerySet(models.QuerySet["Job"]):
         return self.filter(state__in=TERMINAL_STATES)
 
     def due(self, queues: Iterable[str] | None = None) -> JobQuerySet:
-        """Queued jobs whose time has come, paused queues' included."""
-        return self.queued().filter(run_after__lte=Now()).for_queues(queues)
+        """Queued jobs whose time has come, paused queues' included; not those held by a
+        concurrency limit (limits.py), which wait for a slot (and are not in the claim's
+        index, which serves this)."""
+        return self.queued().filter(run_after__lte=Now(), hold=None).for_queues(queues)
 
     def runnable(self, queues: Iterable[str] | None = None) -> JobQuerySet:
         """Due jobs that a worker may claim: not those of a paused queue."""
@@ -40,6 +43,17 @@ class JobQuerySet(models.QuerySet["Job"]):
 
         paused = JobQueue.objects.paused().values("name")
         return self.due(queues).exclude(queue_name__in=paused)
+
+    def held_by_limits(self) -> list[dict[str, Any]]:
+        """The queued jobs that wait for a slot of a concurrency limit, per task and limit:
+        [{"task": path, "limit": N, "held": count}], waiting for a running job of their
+        key to finish, not stuck (limits.py)."""
+        held = self.filter(HELD).order_by().values("task_path", "concurrency_limit")
+        rows = held.annotate(n=models.Count("pk")).order_by("task_path", "concurrency_limit")
+        return [
+            {"task": row["task_path"], "limit": row["concurrency_limit"], "held": row["n"]}
+            for row in rows
+        ]
 
     def for_queues(self, queues: Iterable[str] | None) -> JobQuerySet:
         """The jobs of those queues (None: of every queue)."""
@@ -137,6 +151,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             "cancel_requested": self.running().filter(cancel_requested_at__isnull=False).count(),
             "oldest_runnable_age_seconds": None if age is None else round(age, 3),
             "paused_due": paused_due,
+            "held_by_limits": self.held_by_limits(),
             "oldest_paused_age_seconds": None if paused_age is None else round(paused_age, 3),
             "workers": workers,
             "lost_workers": sum(worker["lost"] for worker in workers),

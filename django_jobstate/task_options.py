@@ -18,6 +18,7 @@ from django.utils.module_loading import import_string
 
 from .conf import LIMIT_NAMES, YEAR, get_settings
 from .exceptions import InvalidPayload
+from .limits import validate_concurrency
 from .retries import DEFAULT_MAX_SNOOZES, from_setting, validate_retry_options
 from .tasksapi import BaseTaskBackend, InvalidTask, Task
 from .uniqueness import UniqueScope, validate_unique
@@ -34,6 +35,8 @@ SETTABLE = (
     "on_duplicate",
     "retry_on",
     "max_snoozes",
+    "concurrency",
+    "concurrency_key",
 )
 DEFAULT_SETTING = {
     "max_attempts": "JOBSTATE_DEFAULT_MAX_ATTEMPTS",
@@ -66,12 +69,18 @@ class JobStateTask(Task):
     unique_scope: str = UniqueScope.LIVE  # or "queued": one waiting, while one may run
     on_duplicate: str = "return"  # or "raise": JobAlreadyEnqueued
     unique_key: str | None = None
+    # At most `concurrency` attempts running at once, per task, or per value of the
+    # `concurrency_key` parameters (limits.py).
+    concurrency: int | None = None
+    concurrency_key: Sequence[str] | None = None
     # The job's metadata at enqueue, per call: task.using(metadata={...}). Not hashed: a dict.
     metadata: dict[str, Any] | None = field(default=None, hash=False)
 
     def __post_init__(self) -> None:
         if isinstance(self.unique, list):  # hashable, as the rest of a Task
             object.__setattr__(self, "unique", tuple(self.unique))
+        if isinstance(self.concurrency_key, list):
+            object.__setattr__(self, "concurrency_key", tuple(self.concurrency_key))
         if isinstance(self.retry_on, list):
             object.__setattr__(self, "retry_on", tuple(self.retry_on))
         Task.__post_init__(self)
@@ -153,6 +162,7 @@ def validate_options(task: Task) -> None:
             f"atomic of task {task.module_path!r} must be True or False, not {atomic!r}."
         )
     validate_unique(task)
+    validate_concurrency(task)
     validate_retry_options(task)
 
 

@@ -9,6 +9,13 @@ from pathlib import Path
 
 from django_jobstate.context import JobStateContext
 from django_jobstate.tasksapi import TaskContext, task
+from tests.limit_tasks import (  # noqa: F401 (exposed: workers find them here)
+    one_per_customer,
+    three_at_once,
+    two_per_customer,
+    unique_one_per_customer,
+    unlimited,
+)
 from tests.models import Execution
 from tests.retry_tasks import (  # noqa: F401 (exposed: workers find them here)
     gives_up,

@@ -291,6 +291,7 @@ def test_stats_of_an_empty_database():
         "cancel_requested": 0,
         "oldest_runnable_age_seconds": None,
         "paused_due": 0,
+        "held_by_limits": [],
         "oldest_paused_age_seconds": None,
         "workers": [],
         "lost_workers": 0,

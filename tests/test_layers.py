@@ -16,7 +16,7 @@ LAYERS: list[tuple[str, list[str]]] = [
     # The state machine and what every layer shares: no model, no I/O of its own.
     (
         "foundation",
-        ["states", "exceptions", "conf", "dbclock", "payload", "uniqueness", "tasksapi"],
+        ["states", "exceptions", "conf", "dbclock", "payload", "uniqueness", "limits", "tasksapi"],
     ),
     # What every layer reports through (counters, spans, log fields); reads no table.
     ("telemetry", ["telemetry.metrics", "telemetry.tracing", "telemetry.logs", "telemetry"]),
@@ -32,6 +32,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "notify",
             "receivers",
             "db_indexes",
+            "concurrency",
             "history",
             "schedules.definitions",
             "schedules.model",

@@ -46,7 +46,8 @@ def errors(options):
             "JOBSTATE_TASK_OPTIONS['tests.tasks.record'] sets 'max_attemps', which is not "
             "an option it can set.",
             "Did you mean 'max_attempts'? The options are: max_attempts, backoff, timeout, "
-            "atomic, unique, unique_scope, on_duplicate, retry_on, max_snoozes.",
+            "atomic, unique, unique_scope, on_duplicate, retry_on, max_snoozes, concurrency, "
+            "concurrency_key.",
         ),
         (
             {INDEX: {"unique": ["nope"]}},

@@ -108,6 +108,20 @@ def mark_text(mark: Mark) -> tuple[str, str]:
     ) % {"lost_after": lost_after}
 
 
+def held_html(job: Job) -> SafeString:
+    """For a queued job held by a concurrency limit (limits.py): it waits for a slot of its
+    task or key, which a running job of the key frees when it finishes. Not stuck."""
+    if job.state != State.QUEUED or not job.hold:
+        return format_html("")
+    short = _("waits for a slot (limit %(n)s)") % {"n": job.concurrency_limit}
+    detail = _(
+        "Held by its concurrency limit: at most %(n)s jobs of this task (or of its "
+        "concurrency_key's value) run at once. It becomes runnable when one of them "
+        "finishes, oldest held first."
+    ) % {"n": job.concurrency_limit}
+    return format_html('<span class="jobstate-held" title="{}">{}</span>', detail, short)
+
+
 def stuck_html(marks: list[Mark]) -> SafeString:
     """why_stuck()'s marks, as shown beside a live attempt's state badge."""
     return format_html_join(

@@ -4,9 +4,9 @@ Every write names the state it expects (and, for a running attempt, the worker t
 it). When the row has moved on, the write matches zero rows, changes nothing and raises
 LostRace. JobManager is assembled from one part per kind of write: enqueue.py (and
 unique.py, for unique tasks), claim.py, outcomes.py (succeed, fail, retry), settle.py
-(rescue, release, time out: fail() on behalf of a worker), cancel.py, progress.py (a
-running attempt's metadata) and prune.py; base.py holds the one state check and fence
-they share (Writes._transition).
+(rescue, release, time out: fail() on behalf of a worker), cancel.py, limits.py (the
+slots of concurrency limits), progress.py (a running attempt's metadata) and prune.py;
+base.py holds the one state check and fence they share (Writes._transition).
 """
 
 from ..exceptions import class_path, describe_error, storable_text

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -29,7 +29,7 @@ from ..exceptions import (
     LostRace,
 )
 from ..querysets import JobQuerySet
-from ..states import State, check_transition
+from ..states import TERMINAL_STATES, State, check_transition
 from .conflicts import mysql_error_passes
 
 if TYPE_CHECKING:
@@ -201,6 +201,12 @@ def writing(job: Job, *, brief: bool = True) -> Iterator[None]:
 class Writes(_JobManagerBase["Job"]):
     """The base of JobManager's parts (enqueue.py, claim.py, outcomes.py, settle.py, ...)."""
 
+    if TYPE_CHECKING:  # limits.py's
+
+        def _release_slots(self, db: str, keys: Iterable[str]) -> int: ...
+
+        def _lock_key(self, db: str, key: str) -> None: ...
+
     def _transition(self, job: Job, new: State, **values: Any) -> None:
         """Move `job` to `new` if it is still where this process last saw it.
 
@@ -212,7 +218,20 @@ class Writes(_JobManagerBase["Job"]):
         fence: dict[str, Any] = {"pk": job.pk, "state": job.state}
         if job.state == State.RUNNING:
             fence["worker_id"] = job.worker_id
-        updated = self.using(job._state.db).filter(**fence).update(state=new, **values)
+        db = job._state.db or router.db_for_write(self.model)
+        # A limited row that finishes hands its slot on in the same transaction
+        # (managers/limits.py), brief: it holds the key's lock. Other rows write as before,
+        # in one statement.
+        key = job.concurrency_key if new in TERMINAL_STATES else None
+        with brief_transaction(db) if key else nullcontext():
+            if key is not None and job.state == State.QUEUED:
+                # A queued row may be held, which whoever hands out the key's slots writes
+                # under the key's lock: take it first, in their order (a running row is
+                # never theirs to write, and is written first, as a rescuer locks it).
+                self._lock_key(db, key)
+            updated = self.using(db).filter(**fence).update(state=new, **values)
+            if updated == 1 and key is not None:
+                self._release_slots(db, [key])
         if updated != 1:
             raise LostRace(
                 f"Job {job.pk} was no longer {job.state}"

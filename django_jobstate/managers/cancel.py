@@ -53,6 +53,7 @@ class Cancel(Writes):
                             State.FAILED,
                             failure_reason=FailureReason.CANCELLED,
                             cancel_requested_at=Now(),
+                            hold=None,  # no longer waiting for a slot (limits.py)
                             finished_at=Now(),
                             **describe_error(JobCancelled("it was cancelled before it started")),
                         )

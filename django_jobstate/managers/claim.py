@@ -148,7 +148,7 @@ class Claim(MySQLWrites):
         head = f"""
             SELECT {qn("id")}, ({qn("priority")} * -1) AS rank, {qn("run_after")}
             FROM {table}
-            WHERE {qn("state")} = %s AND {qn("queue_name")} = {{queue}}
+            WHERE {qn("state")} = %s AND {qn("hold")} IS NULL AND {qn("queue_name")} = {{queue}}
                 AND {qn("run_after")} <= {now} {key} AND {paused}
             ORDER BY {order} LIMIT %s
         """
@@ -182,7 +182,7 @@ class Claim(MySQLWrites):
         ]
 
     def queue_names(self) -> list[str]:
-        """The queues that have queued jobs, paused ones included.
+        """The queues that have queued jobs, paused ones included (not held ones: limits.py).
 
         A loose index scan: one step of the runnable index per queue, from the end of
         each queue's range, where its newest jobs are, never the claimed rows whose index
@@ -194,7 +194,8 @@ class Claim(MySQLWrites):
 
         def below(bound: str) -> str:
             return (
-                f"SELECT {name} FROM {table} WHERE {qn('state')} = %s {bound} "
+                f"SELECT {name} FROM {table} WHERE {qn('state')} = %s AND {qn('hold')} IS NULL "
+                f"{bound} "
                 f"ORDER BY {name} DESC LIMIT 1"
             )
 

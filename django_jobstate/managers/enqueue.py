@@ -14,10 +14,12 @@ from django.db import connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models.fields import NOT_PROVIDED
 
+from ..limits import Hold
 from ..notify import NOTIFY
 from ..payload import encode_payload
 from ..uniqueness import UniqueScope
 from .base import PER_CALL, from_db, now_sql
+from .limits import Limits
 from .unique import EnqueueUnique, Row
 
 if TYPE_CHECKING:
@@ -44,7 +46,7 @@ ENQUEUE_CHUNK = 5000
 _CLOCKED = ("run_after", "enqueued_at")
 
 
-class Enqueue(EnqueueUnique):
+class Enqueue(EnqueueUnique, Limits):
     def enqueue(
         self,
         task_path: str,
@@ -77,6 +79,8 @@ class Enqueue(EnqueueUnique):
         trace_context: dict[str, Any] | None = None,
         schedule_name: str | None = None,
         scheduled_for: datetime | None = None,
+        concurrency_keys: Sequence[str] | None = None,
+        concurrency_limit: int | None = None,
     ) -> list[Job]:
         """Create the first attempts of several calls of one task: all of them, or none.
 
@@ -90,6 +94,8 @@ class Enqueue(EnqueueUnique):
         nothing: its place in the list is the holder, with `deduplicated` set, or with
         `raise_duplicates`, JobAlreadyEnqueued is raised and nothing is written at all.
         `schedule_name` and `scheduled_for` mark the jobs of a schedule's tick (schedules.py).
+        With `concurrency_keys` (one per call) and `concurrency_limit`, each job enters held
+        and takes a free slot of its key if there is one (limits.py).
         """
         calls = list(calls)
         keys: Sequence[str | None] = [None] * len(calls) if unique_keys is None else unique_keys
@@ -131,6 +137,20 @@ class Enqueue(EnqueueUnique):
             for i, value in zip(at, (result_id, args, kwargs, key), strict=True):
                 values[i] = value
             jobs.append(self.model.from_db(db, fields, values))
+        if concurrency_keys is not None:
+            if concurrency_limit is None or len(concurrency_keys) != len(calls):
+                raise ValueError("Give a concurrency_limit and one concurrency key per call.")
+            template.concurrency_limit = concurrency_limit
+            template.hold = Hold.LIMIT
+            return self._enqueue_limited(
+                db,
+                template,
+                rows,
+                jobs,
+                concurrency_keys,
+                unique_keys is not None,
+                raise_duplicates,
+            )
         if unique_keys is not None:
             return self._enqueue_unique(db, template, rows, jobs, raise_duplicates)
         # One statement is atomic on its own; a transaction would cost two round trips.

@@ -82,7 +82,8 @@ class MySQLWrites(Writes):
             key_params = [-rank, -rank, at, at, pk]
         head = f"""
             SELECT `id`, `priority`, `run_after` FROM {table} FORCE INDEX (`{CLAIM_ORDER}`)
-            WHERE `state` = %s AND `queue_name` = %s AND `run_after` <= {now} {key}
+            WHERE `state` = %s AND `queue_name` = %s AND `hold` IS NULL
+                AND `run_after` <= {now} {key}
                 AND NOT EXISTS (SELECT 1 FROM {qn(JobQueue._meta.db_table)}
                     WHERE `name` = %s AND `paused_at` IS NOT NULL)
             ORDER BY `priority` DESC, `run_after`, `id` LIMIT %s

@@ -16,6 +16,7 @@ from django.db.models.expressions import RawSQL
 from ..conf import get_settings
 from ..dbclock import Now
 from ..exceptions import JobAlreadyEnqueued, LostRace
+from ..limits import Hold
 from ..notify import NOTIFY_QUEUE, queue_payload
 from ..states import FailureReason, State, check_transition
 from ..telemetry.logs import job_fields
@@ -58,6 +59,10 @@ class Outcomes(MySQLWrites):
         (rescued as lost, timed out) is left alone and its id is missing from the result.
         """
         check_transition(State.RUNNING, State.SUCCEEDED)
+        limited = [(job, value) for job, value in outcomes if job.concurrency_key is not None]
+        if limited:  # one by one, each handing its slot on (limits.py); only they pay
+            outcomes = [(job, value) for job, value in outcomes if job.concurrency_key is None]
+            return self._succeed_each(limited) | self.succeed_many(worker_id, outcomes)
         if not outcomes:
             return set()
         db = router.db_for_write(self.model)
@@ -85,6 +90,16 @@ class Outcomes(MySQLWrites):
             params = [*values, State.SUCCEEDED, *now_params, State.RUNNING, worker_id]
             cursor.execute(sql, params)
             return {row[0] for row in cursor.fetchall()}
+
+    def _succeed_each(self, outcomes: Sequence[tuple[Job, Any]]) -> set[int]:
+        written = set()
+        for job, value in outcomes:
+            try:
+                self.succeed(job, value)
+            except LostRace:
+                continue  # failed meanwhile (rescued, timed out): left alone, as above
+            written.add(job.pk)
+        return written
 
     @retries_conflicts
     def fail(
@@ -207,12 +222,20 @@ class Outcomes(MySQLWrites):
                     trace_context=job.trace_context,
                     schedule_name=job.schedule_name,
                     scheduled_for=job.scheduled_for,
+                    # Through the gate of an enqueue: held, then a free slot if any.
+                    concurrency_key=job.concurrency_key,
+                    concurrency_limit=job.concurrency_limit,
+                    hold=None if job.concurrency_key is None else Hold.LIMIT,
                 )
+                if job.concurrency_key is not None:
+                    self._release_slots(db, [job.concurrency_key])
+                    next_attempt.refresh_from_db(fields=["hold", "concurrency_slot"])
                 if isinstance(next_attempt.enqueued_at, RawSQL):
                     # Django 5.2 leaves the expressions on the instance (6.0 reads them back
                     # with the INSERT's RETURNING): read the values the database wrote.
                     next_attempt.refresh_from_db(fields=["run_after", "enqueued_at"])
                 due_now = next_attempt.run_after <= next_attempt.enqueued_at
+                due_now = due_now and next_attempt.hold is None  # else the release wakes
                 if connection.vendor == "postgresql" and due_now:
                     with connection.cursor() as cursor:  # due at once: wake a worker
                         payload = queue_payload(job.queue_name, job.priority)

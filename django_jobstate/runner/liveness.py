@@ -74,10 +74,12 @@ class Pulse:
         return since is not None and time.monotonic() - since >= self.settings.LOST_AFTER
 
     def rescue(self, judges: list[str]) -> int:
-        """Fail the attempts of lost workers, if this process may judge; return how many."""
+        """Fail the attempts of lost workers, if this process may judge; return how many.
+        Also the safety net of concurrency limits: free slots to held rows (limits.py)."""
         if not self.may_judge or not judges:
             return 0
         try:
+            Job.objects.release_held()
             lost_after = self.settings.LOST_AFTER
             rescued = Job.objects.rescue_lost(
                 lost_after, judges=judges, judge_gap=judge_gap(lost_after)

@@ -6,6 +6,7 @@ when no `runjobs` has been up that long (after a restart, or with every worker g
 asked to cancel, or past its timeout, stays `running` until its supervisor stops it,
 which a dead supervisor never does. Until then it looks like any running attempt. A
 queued attempt of a paused queue (queues.py) waits until someone resumes it, however due.
+One held by a concurrency limit (limits.py) is not stuck: it waits for a slot of its key.
 
 These are marks for people (the job admin's list and page), never writes: settling such
 attempts is the rescuer's and the supervisor's (managers/settle.py). They are judged by
@@ -117,7 +118,9 @@ def stuck(concern: Concern, settings: Settings | None = None) -> Q:
 
     settings = settings or get_settings()
     if concern == Concern.QUEUE_PAUSED:
-        return Q(state=State.QUEUED, queue_name__in=JobQueue.objects.paused().values("name"))
+        # Not a job held by a concurrency limit: it waits for a slot first (limits.py).
+        paused = JobQueue.objects.paused().values("name")
+        return Q(state=State.QUEUED, hold=None, queue_name__in=paused)
     if concern in (Concern.SILENT, Concern.UNSEEN):
         since = Now() - timedelta(seconds=silent_after(settings))
         beats = WorkerHeartbeat.objects.filter(worker_id=OuterRef("worker_id"))
@@ -147,7 +150,7 @@ def why_stuck(job: Job) -> list[Mark]:
     now: datetime = job.db_now  # type: ignore[attr-defined]
     if job.state == State.QUEUED:
         paused_at: datetime | None = job.queue_paused_at  # type: ignore[attr-defined]
-        if paused_at is None:
+        if paused_at is None or job.hold:  # held: waits for a slot (admin/page.held_html)
             return []
         return [Mark(Concern.QUEUE_PAUSED, paused_at, max(now - paused_at, timedelta()), 0.0)]
     started = job.started_at

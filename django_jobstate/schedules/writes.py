@@ -15,6 +15,7 @@ from django.db import DatabaseError, connections, router, transaction
 from django.utils import timezone
 
 from ..conf import get_settings
+from ..limits import concurrency_key, is_limited
 from ..loading import load_task
 from ..managers.conflicts import lock_conflict
 from ..models import Job, Schedule
@@ -230,6 +231,9 @@ def enqueue_tick(db: str, d: Definition, tick: datetime, *, last_result_id: Any 
     elif d.unique:
         key = hashlib.sha256(f"schedule:{d.name}".encode()).hexdigest()
         unique = {"unique_keys": [key], "unique_scope": UniqueScope.LIVE}
+    if is_limited(task):  # a tick waits for a slot as an enqueue() does (limits.py)
+        unique["concurrency_keys"] = [concurrency_key(task, d.args, d.kwargs)]
+        unique["concurrency_limit"] = task.concurrency  # type: ignore[attr-defined]
     defaults = get_settings()
 
     def option(name: str) -> Any:

@@ -21,7 +21,9 @@ class Command(BaseCommand):
         '"paused_queues": [QUEUE], "cancel_requested": N (running attempts asked to stop), '
         '"oldest_runnable_age_seconds": SECONDS or null (jobs of paused queues are not '
         'runnable: they are counted apart), "paused_due": N (due jobs waiting in paused '
-        'queues), "oldest_paused_age_seconds": SECONDS or null, "workers": [{"worker_id": ID, '
+        'queues), "oldest_paused_age_seconds": SECONDS or null, "held_by_limits": [{"task": '
+        'PATH, "limit": N, "held": N}] (queued jobs waiting for a slot of a concurrency limit: '
+        'not runnable, not stuck), "workers": [{"worker_id": ID, '
         '"host": HOST, "pid": PID, "last_seen_age_seconds": SECONDS, "lost": BOOL, '
         '"running": N}], "lost_workers": N}. A worker with running attempts but no '
         "heartbeat has host, pid and last_seen_age_seconds null, and is lost."
@@ -56,6 +58,12 @@ class Command(BaseCommand):
             self.stdout.write(
                 f"Paused queues hold {stats['paused_due']} due jobs (not runnable); the oldest "
                 f"has waited {duration(stats['oldest_paused_age_seconds'])}."
+            )
+        for held in stats["held_by_limits"]:
+            self.stdout.write(
+                f"{held['held']} jobs of {held['task']} wait for a slot of its concurrency "
+                f"limit ({held['limit']} at once): not runnable until one of their key "
+                f"finishes, not stuck."
             )
         workers = [
             [

@@ -1,0 +1,43 @@
+"""Tasks of tests/test_limits.py (concurrency limits), exposed by tests/tasks.py.
+
+Each run records "start|key|label" when its body begins and "run|key|label|start|end"
+(time.time(), one machine's clock) when it ends, in the Execution table: the test reads
+from those rows which bodies overlapped."""
+
+import time
+
+from django_jobstate.tasksapi import task
+from tests.models import Execution
+
+
+def _run(key: str, label: str, seconds: float) -> str:
+    start = time.time()
+    Execution.objects.create(label=f"start|{key}|{label}")
+    time.sleep(seconds)
+    Execution.objects.create(label=f"run|{key}|{label}|{start!r}|{time.time()!r}")
+    return label
+
+
+@task(concurrency=1, concurrency_key=["customer"])
+def one_per_customer(customer: int, label: str, seconds: float = 0.0) -> str:
+    return _run(f"one:{customer}", label, seconds)
+
+
+@task(concurrency=2, concurrency_key=["customer"], max_attempts=2, backoff=0)
+def two_per_customer(customer: int, label: str, seconds: float = 0.0) -> str:
+    return _run(f"two:{customer}", label, seconds)
+
+
+@task(concurrency=3)
+def three_at_once(label: str, seconds: float = 0.0) -> str:
+    return _run("three", label, seconds)
+
+
+@task
+def unlimited(label: str, seconds: float = 0.0) -> str:
+    return _run("free", label, seconds)
+
+
+@task(unique=True, concurrency=1, concurrency_key=["customer"])
+def unique_one_per_customer(customer: int, label: str) -> str:
+    return _run(f"unique:{customer}", label, 0.0)
