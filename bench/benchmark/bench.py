@@ -403,7 +403,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--workers",
         type=worker_counts,
-        help="worker processes of each drain and I/O-bound figure, a comma list (default 1,4)",
+        help="worker processes of each drain and I/O-bound figure, a comma list (default 1,4); "
+        "the history and priority figures take the largest (default 4)",
     )
     parser.add_argument("--history-rows", type=int, help="default 1,000,000; quick 10,000")
     parser.add_argument(
@@ -431,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
         ("repeat", args.repeat),
         ("history_repeat", args.repeat),
         ("workers", args.workers),
+        ("history_workers", args.workers and max(args.workers)),
+        ("priority_workers", args.workers and max(args.workers)),
     ]:
         if value is not None:
             sizes = replace(sizes, **{field: value})
