@@ -43,6 +43,11 @@ from .watchdog import Watchdog
 logger = logging.getLogger("django_jobstate.worker")
 T = TypeVar("T")
 
+# After a stop, the worker runs on the attempts of its batch for this long, then hands back
+# those it has not started. Not at once: handing one back is a write of its own, and the
+# rest of a batch of quick jobs takes less than writing that.
+STOP_GRACE = 0.5
+
 
 def default_worker_id() -> str:
     host = socket.gethostname()[:40]
@@ -189,7 +194,17 @@ class Worker(Claims, AttemptRunner, OutcomeWriter):
         jobs = sorted(jobs, key=lambda job: job.timeout is not None)
         self.ledger.hold([job.pk for job in jobs])
         checked, mine = time.monotonic(), {job.pk for job in jobs}
+        stop_seen: float | None = None
         for index, job in enumerate(jobs):
+            if self.stopping:
+                # A stop waits for the rest of the batch STOP_GRACE at most, then hands back
+                # what is not started: a batch is sized by what its bodies took before, and
+                # jobs slower than those (or a loaded machine) can make it take seconds.
+                stop_seen = stop_seen or time.monotonic()
+                if time.monotonic() - stop_seen >= STOP_GRACE:
+                    self.flusher.write()
+                    self._hand_back([j.pk for j in jobs[index:] if j.pk in mine])
+                    return
             if time.monotonic() - checked > get_settings().HEARTBEAT_INTERVAL:
                 # This process may have been paused long enough to be taken for lost (its
                 # heartbeats stop too): start only the attempts that are still its own.
@@ -220,6 +235,18 @@ class Worker(Claims, AttemptRunner, OutcomeWriter):
             else:
                 self.flusher.write(outcome)  # a failure is written at once, with the rest
         self.flusher.write()
+
+    def _hand_back(self, pks: list[int]) -> None:
+        """Hand back held attempts it never started (fenced: one failed meanwhile stays so)."""
+        if not pks:
+            return
+        released = self.retrying(lambda: Job.objects.release(self.worker_id, pks))
+        logger.info(
+            "Worker %s stopping: handed back %d attempt(s) it had not started",
+            self.worker_id,
+            released,
+            extra={"event": "worker.released", "worker_id": self.worker_id, "jobs": pks},
+        )
 
     def _may_keep_waiting(self, job: Job) -> bool:
         """Whether the successes held would wait past FLUSH_AFTER if `job` took as long
