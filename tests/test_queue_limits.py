@@ -10,6 +10,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.managers.queue_claim import forget_run_time_limits
@@ -129,3 +130,35 @@ def test_jobqueues_limit_sets_lists_and_clears():
         call_command("jobqueues", "limit", "reports", "--rate", "fast")
     with pytest.raises(CommandError, match="whole number"):
         call_command("jobqueues", "limit", "reports", "--concurrency", "0")
+
+
+def test_jobstats_and_the_job_page_say_the_queue_limit_holds_a_job(admin_client):
+    enqueue("reports", 3)
+    JobQueue.objects.set_limits("reports", concurrency=1, by="test")
+    forget_run_time_limits()
+    assert claimed() == {"reports": 1}
+    out = io.StringIO()
+    call_command("jobstats", stdout=out)
+    assert "Queue reports is limited (at most 1 running, from the run time)" in out.getvalue()
+    out = io.StringIO()
+    call_command("jobstats", "--json", stdout=out)
+    (held,) = json.loads(out.getvalue())["held_by_queue_limits"]
+    assert (held["queue"], held["running"], held["due"]) == ("reports", 1, 2)
+    waiting = Job.objects.filter(state=State.QUEUED).first()
+    page = admin_client.get(reverse("admin:django_jobstate_job_change", args=[waiting.pk]))
+    assert "waits for its queue&#x27;s limit (1 running)" in page.content.decode()
+
+
+def test_the_queues_page_shows_and_changes_the_limits(admin_client):
+    JobQueue.objects.set_limits("reports", concurrency=2, rate="20/s", by="test")
+    page = admin_client.get(reverse("admin:django_jobstate_jobqueue_changelist"))
+    assert "at most 2 running, rate 20/s (set here)" in page.content.decode()
+    url = reverse("admin:django_jobstate_jobqueue_change", args=["reports"])
+    answer = admin_client.post(url, {"concurrency_limit": "5", "rate_limit": "100/m"})
+    assert answer.status_code == 302, answer.content.decode()[:3000]
+    queue = JobQueue.objects.get(name="reports")
+    assert (queue.concurrency, queue.rate, queue.changed_by) == (5, "100/m", "admin:admin")
+    answer = admin_client.post(url, {"concurrency_limit": "", "rate_limit": "lots"})
+    assert "such as" in answer.content.decode()
+    admin_client.post(url, {"concurrency_limit": "", "rate_limit": "", "use_settings": "on"})
+    assert JobQueue.objects.get(name="reports").limits_set_at is None

@@ -135,7 +135,7 @@ class Command(BaseCommand):
                 f"PAUSED since {q['paused_at']}" if q["paused"] else "running",
                 q["queued"],
                 q["running"],
-                q["limits"] if q["limits_from"] is None else f"{q['limits']} ({q['limits_from']})",
+                "-" if q["limits_from"] is None else f"{q['limits']} ({q['limits_from']})",
                 q["changed_by"] or "-",
             ]
             for q in queues
