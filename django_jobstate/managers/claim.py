@@ -41,6 +41,8 @@ class Claim(QueueClaim, MySQLWrites):
         SKIP LOCKED, so concurrent claimers take different rows instead of waiting. Jobs
         of a paused queue (JobQueue) are never claimed: the statement itself excludes
         them, so a claim that starts after a pause committed sees it.
+        A queue with limits (queue_limits.py) is claimed apart, within them, under its
+        lock (queue_claim.py); the others as before.
 
         Jobs are claimed in claim order (priority first, then run_after, then id). The
         runnable index holds that order per queue: the statement takes the head of each
