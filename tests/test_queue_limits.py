@@ -162,3 +162,29 @@ def test_the_queues_page_shows_and_changes_the_limits(admin_client):
     assert "such as" in answer.content.decode()
     admin_client.post(url, {"concurrency_limit": "", "rate_limit": "", "use_settings": "on"})
     assert JobQueue.objects.get(name="reports").limits_set_at is None
+
+
+@pytest.mark.parametrize(
+    ("limits", "message"),
+    [
+        ({"reports": {"concurrency": 0}}, "whole number from 1"),
+        ({"reports": {"rate": "fast"}}, "such as"),
+        ({"reports": {"burst": 3}}, '"concurrency" and/or "rate"'),
+        ({"nowhere": {"concurrency": 1}}, "not one of its QUEUES"),
+    ],
+)
+def test_bad_queue_limits_are_check_errors(limits, message):
+    from django.core.checks import run_checks
+
+    tasks = {"default": {**TASKS["default"], "OPTIONS": {"QUEUE_LIMITS": limits}}}
+    with override_settings(TASKS=tasks):
+        errors = [e for e in run_checks() if e.id == "django_jobstate.E019"]
+    (error,) = errors
+    assert message in error.msg
+
+
+@override_settings(TASKS=TASKS)
+def test_good_queue_limits_pass_the_checks():
+    from django.core.checks import run_checks
+
+    assert not [e for e in run_checks() if e.id in ("django_jobstate.E019", "django_jobstate.E014")]
