@@ -106,6 +106,10 @@ class JobQueueManager(models.Manager["JobQueue"]):
             self.using(db).filter(name=name).update(
                 **changes, changed_by=by[:150], changed_at=Now()
             )
+            connection = connections[db]
+            if connection.vendor == "postgresql":  # idle workers look again at the commit
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SELECT {NOTIFY_QUEUE}", [queue_payload(name)])
         queue.refresh_from_db()
         logger.warning(
             "Queue %r limits %s by %s: %s",
