@@ -55,6 +55,27 @@ class JobQuerySet(models.QuerySet["Job"]):
             for row in rows
         ]
 
+    def held_by_queue_limits(self) -> list[dict[str, Any]]:
+        """The limited queues that have due jobs (queue_limits.py): [{"queue": name,
+        "limits": "at most 3 running, rate 10/s", "from": "settings" or "run time",
+        "running": N, "due": N}]. Their due jobs wait for room in the queue, not stuck."""
+        from .managers.queue_claim import limited_queues
+
+        names = self.model._default_manager.queue_names()
+        found = []
+        for queue, limits in limited_queues(self.db, names).items():
+            jobs = self.filter(queue_name=queue)
+            found.append(
+                {
+                    "queue": queue,
+                    "limits": limits.describe(),
+                    "from": limits.source,
+                    "running": jobs.running().count(),
+                    "due": jobs.due(None).count(),
+                }
+            )
+        return found
+
     def for_queues(self, queues: Iterable[str] | None) -> JobQuerySet:
         """The jobs of those queues (None: of every queue)."""
         return self if queues is None else self.filter(queue_name__in=list(queues))
@@ -152,6 +173,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             "oldest_runnable_age_seconds": None if age is None else round(age, 3),
             "paused_due": paused_due,
             "held_by_limits": self.held_by_limits(),
+            "held_by_queue_limits": self.held_by_queue_limits(),
             "oldest_paused_age_seconds": None if paused_age is None else round(paused_age, 3),
             "workers": workers,
             "lost_workers": sum(worker["lost"] for worker in workers),

@@ -9,15 +9,25 @@ Which names a pause may name: queue_names.py.
 
 from __future__ import annotations
 
+import enum
 import logging
+from typing import Any
 
 from django.db import connections, models, router, transaction
 from django.utils.translation import gettext_lazy as _
 
 from .dbclock import Now
 from .notify import NOTIFY_QUEUE, queue_payload
+from .queue_limits import QueueLimits, effective, validate
 
 logger = logging.getLogger("django_jobstate")
+
+
+class Unset(enum.Enum):
+    UNSET = "unset"
+
+
+UNSET = Unset.UNSET
 
 
 def validate_name(name: str) -> None:
@@ -60,6 +70,56 @@ class JobQueueManager(models.Manager["JobQueue"]):
         )
         return queue
 
+    def set_limits(
+        self,
+        name: str,
+        *,
+        concurrency: int | Unset | None = UNSET,
+        rate: str | Unset = UNSET,
+        clear: bool = False,
+        by: str = "",
+    ) -> JobQueue:
+        """Set queue `name`'s limits at run time: they win over QUEUE_LIMITS' until
+        cleared (`clear=True`: the settings' apply again). `concurrency=None` or `rate=""`
+        lifts that limit (even one the settings set); a value left out keeps the current
+        one. Running workers see the change within LIMITS_TTL seconds."""
+        validate_name(name)
+        if concurrency is not UNSET and concurrency is not None:
+            validate(name, {"concurrency": concurrency})
+        if isinstance(rate, str) and rate:
+            rate = validate(name, {"rate": rate}).rate
+        db = router.db_for_write(self.model)
+        with transaction.atomic(using=db):
+            self.using(db).get_or_create(name=name)
+            queue = self.using(db).select_for_update().get(name=name)
+            now = effective(name, queue)
+            if clear:
+                changes: dict[str, Any] = {"limits_set_at": None, "concurrency": None, "rate": ""}
+            else:
+                changes = {
+                    "limits_set_at": Now(),
+                    "concurrency": now.concurrency if concurrency is UNSET else concurrency,
+                    "rate": now.rate if isinstance(rate, Unset) else rate,
+                }
+            if changes["rate"] != now.rate:
+                changes.update(tokens=None, tokens_at=None)  # a new bucket, full
+            self.using(db).filter(name=name).update(
+                **changes, changed_by=by[:150], changed_at=Now()
+            )
+            connection = connections[db]
+            if connection.vendor == "postgresql":  # idle workers look again at the commit
+                with connection.cursor() as cursor:
+                    cursor.execute(f"SELECT {NOTIFY_QUEUE}", [queue_payload(name)])
+        queue.refresh_from_db()
+        logger.warning(
+            "Queue %r limits %s by %s: %s",
+            name,
+            "cleared" if clear else "set",
+            by or "an unnamed caller",
+            effective(name, queue).describe(),
+        )
+        return queue
+
     def paused(self) -> models.QuerySet[JobQueue]:
         return self.filter(paused_at__isnull=False)
 
@@ -68,9 +128,11 @@ class JobQueueManager(models.Manager["JobQueue"]):
 
 
 class JobQueue(models.Model):
-    """A queue an operator paused (or paused once): no worker claims a paused queue's jobs.
+    """A queue an operator paused or limited (or once did): no worker claims a paused
+    queue's jobs; a limited one's within its limits (queue_limits.py).
 
-    Queues need no row to exist: a queue without one is not paused.
+    Queues need no row to exist: a queue without one is not paused, and has the settings'
+    limits.
     """
 
     name = models.CharField(_("queue"), max_length=100, primary_key=True)
@@ -78,12 +140,28 @@ class JobQueue(models.Model):
     # Who made the last change (pause or resume), and when: "admin:alice", "cli:deploy", ...
     changed_by = models.CharField(_("changed by"), max_length=150, blank=True, editable=False)
     changed_at = models.DateTimeField(_("changed at"), null=True, blank=True, editable=False)
+    # Limits set at run time (queue_limits.py): they win over the settings' while
+    # limits_set_at is set, NULL ones included (an operator lifted a limit).
+    concurrency = models.SmallIntegerField(
+        _("concurrency limit"), null=True, blank=True, editable=False
+    )
+    rate = models.CharField(_("rate limit"), max_length=20, blank=True, editable=False)
+    limits_set_at = models.DateTimeField(_("limits set at"), null=True, blank=True, editable=False)
+    # The rate's token bucket: how many starts it allowed at tokens_at (NULL: full).
+    tokens = models.FloatField(null=True, blank=True, editable=False)
+    tokens_at = models.DateTimeField(null=True, blank=True, editable=False)
 
     objects = JobQueueManager()
 
     class Meta:
         verbose_name = _("queue")
         verbose_name_plural = _("queues")
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(concurrency=None) | models.Q(concurrency__gte=1),
+                name="jobstate_jobqueue_concurrency",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.name
@@ -91,3 +169,8 @@ class JobQueue(models.Model):
     @property
     def paused(self) -> bool:
         return self.paused_at is not None
+
+    @property
+    def limits(self) -> QueueLimits:
+        """What limits this queue now: the run-time limits, else the settings'."""
+        return effective(self.name, self)

@@ -292,6 +292,7 @@ def test_stats_of_an_empty_database():
         "oldest_runnable_age_seconds": None,
         "paused_due": 0,
         "held_by_limits": [],
+        "held_by_queue_limits": [],
         "oldest_paused_age_seconds": None,
         "workers": [],
         "lost_workers": 0,
@@ -443,8 +444,9 @@ def test_jobqueues_pauses_lists_and_resumes_saying_who():
     assert (listed["name"], listed["paused"], listed["queued"]) == ("emails", True, 2)
     assert listed["changed_by"] == "ops"
     lines = run("jobqueues", "list").splitlines()
-    assert lines[0].split() == ["queue", "status", "queued", "running", "changed", "by"]
-    assert lines[1].split() == ["default", "running", "0", "0", "-"]
+    header = ["queue", "status", "queued", "running", "limits", "changed", "by"]
+    assert lines[0].split() == header
+    assert lines[1].split() == ["default", "running", "0", "0", "-", "-"]
     assert lines[2].split()[:3] == ["emails", "PAUSED", "since"]
 
     assert run("jobqueues", "resume", "emails") == "Queue 'emails' resumed.\n"

@@ -16,7 +16,17 @@ LAYERS: list[tuple[str, list[str]]] = [
     # The state machine and what every layer shares: no model, no I/O of its own.
     (
         "foundation",
-        ["states", "exceptions", "conf", "dbclock", "payload", "uniqueness", "limits", "tasksapi"],
+        [
+            "states",
+            "exceptions",
+            "conf",
+            "dbclock",
+            "payload",
+            "uniqueness",
+            "limits",
+            "queue_limits",
+            "tasksapi",
+        ],
     ),
     # What every layer reports through (counters, spans, log fields); reads no table.
     ("telemetry", ["telemetry.metrics", "telemetry.tracing", "telemetry.logs", "telemetry"]),

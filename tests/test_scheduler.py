@@ -394,7 +394,7 @@ def test_system_checks_name_an_unknown_option_and_the_close_one():
     [(_, schedule, hint), (_, listen, _)] = sorted(found, key=lambda m: "LISTEN" in m[1])
     assert schedule == (
         "TASKS['default'][\"OPTIONS\"] has the unknown key 'SCHEDULE' (did you mean "
-        "'SCHEDULES'?); the keys of 'default''s OPTIONS are: SCHEDULES."
+        "'SCHEDULES'?); the keys of 'default''s OPTIONS are: SCHEDULES, QUEUE_LIMITS."
     )
     assert "did you mean" not in listen
     assert "'LISTEN'" in listen

@@ -159,7 +159,7 @@ class JobAdmin(DashboardMixin, StartTaskAdmin, RetryActions, admin.ModelAdmin):
             ago = format_duration(timezone.now() - job.cancel_requested_at)
             note = _("cancel requested %(ago)s ago") % {"ago": ago}
             badge = format_html('{} <span class="jobstate-cancel">{}</span>', badge, note)
-        badge = format_html("{} {}", badge, held_html(job)) if job.hold else badge
+        badge = format_html("{} {}", badge, held_html(job)) if job.state == State.QUEUED else badge
         return format_html("{} {}", badge, stuck_html(marks)) if marks else badge
 
     @admin.display(description=_("failure"))

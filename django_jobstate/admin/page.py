@@ -21,6 +21,7 @@ from ..runner.stuck import Concern, Mark, with_liveness
 from ..states import LIVE_STATES, FailureReason, State
 from .attempts import attach_hand_backs, attempt_label
 from .filters import FAILURE_LABELS, local
+from .queue_limits import queue_hold_html
 
 if TYPE_CHECKING:
     from .jobs import JobAdmin
@@ -111,8 +112,10 @@ def mark_text(mark: Mark) -> tuple[str, str]:
 def held_html(job: Job) -> SafeString:
     """For a queued job held by a concurrency limit (limits.py): it waits for a slot of its
     task or key, which a running job of the key frees when it finishes. Not stuck."""
-    if job.state != State.QUEUED or not job.hold:
-        return format_html("")
+    if job.state != State.QUEUED:
+        return SafeString("")
+    if not job.hold:
+        return queue_hold_html(job)
     short = _("waits for a slot (limit %(n)s)") % {"n": job.concurrency_limit}
     detail = _(
         "Held by its concurrency limit: at most %(n)s jobs of this task (or of its "

@@ -1,5 +1,6 @@
-"""The Queues page: every queue with its waiting and running jobs, paused or not, and the
-Pause and Resume actions (the JobQueue rows that every claim reads)."""
+"""The Queues page: every queue with its waiting and running jobs, paused or not, and its
+limits; the Pause and Resume actions, and each queue's page to change its limits (the
+JobQueue rows that every claim reads)."""
 
 from typing import Any
 
@@ -12,6 +13,7 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from ..models import Job, JobQueue
 from ..queue_names import known_queues
+from .queue_limits import QueueLimitsForm
 
 COUNT_CAP = 10_000  # counts stop there, as the job list's do
 
@@ -23,10 +25,26 @@ def capped_count(jobs: QuerySet[Job]) -> str:
 
 @admin.register(JobQueue)
 class JobQueueAdmin(admin.ModelAdmin):
-    list_display = ["name", "status", "queued", "running", "changed_by", "changed_at"]
+    list_display = ["name", "status", "queued", "running", "limits", "changed_by", "changed_at"]
     ordering = ["name"]
     actions = ["pause", "resume"]
+    form = QueueLimitsForm
+    fields = ["name", "paused_at", "concurrency_limit", "rate_limit", "use_settings", "changed_by"]
     readonly_fields = ["name", "paused_at", "changed_by", "changed_at"]
+
+    def save_model(self, request: HttpRequest, obj: JobQueue, form: Any, change: bool) -> None:
+        # Only the limits, through their manager: never a save() of the whole row, which
+        # would write back a pause read before.
+        if form.has_changed():
+            form.save_limits(by=f"admin:{request.user.get_username()}")
+
+    @admin.display(description=gettext_lazy("limits"))
+    def limits(self, queue: JobQueue) -> str:
+        limits = queue.limits
+        if not limits.limited:
+            return "-"
+        source = _("set here") if limits.source == "run time" else _("settings")
+        return f"{limits.describe()} ({source})"
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # every known queue is listed; a pause is the action

@@ -256,3 +256,32 @@ def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[CheckM
             )
         ]
     return []
+
+
+@register()
+def check_queue_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """Each TASKS alias's QUEUE_LIMITS (queue_limits.py): values a claim can use, for
+    queues the alias has."""
+    from ..queue_limits import validate
+
+    errors: list[CheckMessage] = []
+    tasks = getattr(settings, "TASKS", None)
+    for alias, config in tasks.items() if isinstance(tasks, dict) else []:
+        options = config.get("OPTIONS") if isinstance(config, dict) else None
+        limits = options.get("QUEUE_LIMITS", {}) if isinstance(options, dict) else {}
+        where = f'TASKS[{alias!r}]["OPTIONS"]["QUEUE_LIMITS"]'
+        if not isinstance(limits, dict):
+            limits = {where: limits}  # reported below as a bad entry
+        queues = config.get("QUEUES") or []
+        for queue, value in limits.items():
+            problem = None
+            try:
+                validate(queue, value)
+            except ValueError as exc:
+                problem = f"{where}: {exc}"
+            if problem is None and queues and queue not in queues:
+                problem = f"{where} limits {queue!r}, which is not one of its QUEUES: {queues}."
+            if problem:
+                hint = 'Write {"queue": {"concurrency": 4, "rate": "100/m"}} for queues of QUEUES.'
+                errors.append(Error(problem, hint=hint, id="django_jobstate.E019"))
+    return errors

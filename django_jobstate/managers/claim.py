@@ -12,6 +12,7 @@ from ..states import State, check_transition
 from .base import ClaimKey, claim_key, now_sql, write_lock_first
 from .conflicts import retries_conflicts
 from .mysql import MySQLWrites
+from .queue_claim import QueueClaim, limited_queues, limited_row
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -23,7 +24,7 @@ class Unreadable(str):
     __slots__ = ()
 
 
-class Claim(MySQLWrites):
+class Claim(QueueClaim, MySQLWrites):
     @retries_conflicts
     def claim(
         self,
@@ -40,6 +41,8 @@ class Claim(MySQLWrites):
         SKIP LOCKED, so concurrent claimers take different rows instead of waiting. Jobs
         of a paused queue (JobQueue) are never claimed: the statement itself excludes
         them, so a claim that starts after a pause committed sees it.
+        A queue with limits (queue_limits.py) is claimed apart, within them, under its
+        lock (queue_claim.py); the others as before.
 
         Jobs are claimed in claim order (priority first, then run_after, then id). The
         runnable index holds that order per queue: the statement takes the head of each
@@ -60,14 +63,42 @@ class Claim(MySQLWrites):
             return []
         db = router.db_for_write(self.model)
         connection = connections[db]
+        limited = limited_queues(db, queues)
+        if not limited:
+            return self._claim_rows(connection, db, worker_id, queues, limit, from_key)
+        # Queues with limits, each in a transaction of its own (queue_claim.py), then the
+        # others in one statement, as without limits.
+        jobs: list[Job] = []
+        for queue in limited:
+            if len(jobs) < limit:
+                jobs += self._claim_limited(
+                    connection, db, worker_id, queue, limit - len(jobs), from_key
+                )
+        free = [queue for queue in queues if queue not in limited]
+        if free and len(jobs) < limit:
+            jobs += self._claim_rows(connection, db, worker_id, free, limit - len(jobs), from_key)
+        return sorted(jobs, key=claim_key)
+
+    def _claim_rows(
+        self,
+        connection: BaseDatabaseWrapper,
+        db: str,
+        worker_id: str,
+        queues: list[str],
+        limit: int,
+        from_key: ClaimKey | None,
+        limited: bool = False,
+    ) -> list[Job]:
+        """The claim statement over `queues`; a queue whose JobQueue row sets limits is
+        left out unless `limited` (its claim under its lock, queue_claim.py)."""
         if connection.vendor == "mysql":
-            return self._claim_mysql(connection, db, worker_id, queues, limit, from_key)
+            return self._claim_mysql(connection, db, worker_id, queues, limit, from_key, limited)
         qn = connection.ops.quote_name
         table = qn(self.model._meta.db_table)
         with write_lock_first(db):
             now, now_params = now_sql(connection)
             picked, picked_params = self._heads(
-                connection, queues, now, now_params, limit, from_key
+                connection, queues, now, now_params, limit, from_key, limited
             )
             columns = ", ".join(
                 f"{table}.{qn(str(f.column))}" for f in self.model._meta.concrete_fields
@@ -126,6 +157,7 @@ class Claim(MySQLWrites):
         now_params: list[Any],
         limit: int,
         from_key: ClaimKey | None,
+        limited: bool = False,
     ) -> tuple[str, list[Any]]:
         """The SELECT of the candidates' ids: the first `limit` of each unpaused queue in
         claim order, merged; one index range per queue."""
@@ -143,7 +175,7 @@ class Claim(MySQLWrites):
         # Not paused: an uncorrelated test, evaluated once per queue before its index range.
         paused = (
             f"NOT EXISTS (SELECT 1 FROM {paused_table} WHERE {qn('name')} = {{queue}} "
-            f"AND {qn('paused_at')} IS NOT NULL)"
+            f"AND ({qn('paused_at')} IS NOT NULL{'' if limited else limited_row(qn)}))"
         )
         head = f"""
             SELECT {qn("id")}, ({qn("priority")} * -1) AS rank, {qn("run_after")}

@@ -21,6 +21,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ..states import State
 from ..uniqueness import HOLDS_KEY, UniqueScope
 from .base import PER_CALL, ClaimKey, Writes, claim_key, from_db, now_sql
+from .queue_claim import limited_row
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -56,6 +57,7 @@ class MySQLWrites(Writes):
         queues: list[str],
         limit: int,
         from_key: ClaimKey | None,
+        limited: bool = False,
     ) -> list[Job]:
         """claim() on MariaDB/MySQL, which have no UPDATE ... RETURNING: one short
         transaction that locks the heads of the queues (SELECT ... FOR UPDATE SKIP LOCKED
@@ -80,12 +82,13 @@ class MySQLWrites(Writes):
                 "OR `run_after` = %s AND `id` >= %s))"
             )
             key_params = [-rank, -rank, at, at, pk]
+        exclude = "" if limited else limited_row(qn)  # queue_claim.py
         head = f"""
             SELECT `id`, `priority`, `run_after` FROM {table} FORCE INDEX (`{CLAIM_ORDER}`)
             WHERE `state` = %s AND `queue_name` = %s AND `hold` IS NULL
                 AND `run_after` <= {now} {key}
                 AND NOT EXISTS (SELECT 1 FROM {qn(JobQueue._meta.db_table)}
-                    WHERE `name` = %s AND `paused_at` IS NOT NULL)
+                    WHERE `name` = %s AND (`paused_at` IS NOT NULL{exclude}))
             ORDER BY `priority` DESC, `run_after`, `id` LIMIT %s
             FOR UPDATE SKIP LOCKED
         """

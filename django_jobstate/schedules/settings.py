@@ -21,7 +21,7 @@ PRUNE_TASK = "django_jobstate.tasks.prune_jobs"
 # Every key of TASKS[alias]["OPTIONS"] that a JobStateBackend reads (a new option is added
 # here): any other is a mistake that would be silently ignored ("SCHEDULE" for
 # "SCHEDULES" would stop every schedule of the alias).
-OPTION_KEYS = ("SCHEDULES",)
+OPTION_KEYS = ("SCHEDULES", "QUEUE_LIMITS")
 RETENTION_STATES = ("succeeded", "failed")
 
 

@@ -23,7 +23,9 @@ class Command(BaseCommand):
         'runnable: they are counted apart), "paused_due": N (due jobs waiting in paused '
         'queues), "oldest_paused_age_seconds": SECONDS or null, "held_by_limits": [{"task": '
         'PATH, "limit": N, "held": N}] (queued jobs waiting for a slot of a concurrency limit: '
-        'not runnable, not stuck), "workers": [{"worker_id": ID, '
+        'not runnable, not stuck), "held_by_queue_limits": [{"queue": NAME, "limits": TEXT, '
+        '"from": "settings" or "run time", "running": N, "due": N}] (limited queues with due '
+        'jobs, which wait for room in the queue), "workers": [{"worker_id": ID, '
         '"host": HOST, "pid": PID, "last_seen_age_seconds": SECONDS, "lost": BOOL, '
         '"running": N}], "lost_workers": N}. A worker with running attempts but no '
         "heartbeat has host, pid and last_seen_age_seconds null, and is lost."
@@ -64,6 +66,12 @@ class Command(BaseCommand):
                 f"{held['held']} jobs of {held['task']} wait for a slot of its concurrency "
                 f"limit ({held['limit']} at once): not runnable until one of their key "
                 f"finishes, not stuck."
+            )
+        for queue in stats["held_by_queue_limits"]:
+            self.stdout.write(
+                f"Queue {queue['queue']} is limited ({queue['limits']}, from the "
+                f"{queue['from']}): {queue['running']} running, {queue['due']} due jobs wait "
+                f"for room in it, not stuck."
             )
         workers = [
             [
