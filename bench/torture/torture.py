@@ -412,6 +412,7 @@ class Torture(workloads.Workloads):
         call_command("migrate", run_syncdb=True, verbosity=0)
         self.lost_after = float(settings.JOBSTATE_LOST_AFTER)
         self.offset = self._measure_offset()
+        self.faults.workload.mono_to_db = time.time() + self.offset - time.monotonic()
         if self.options.skew and self.options.db == "sqlite":
             print(
                 "  NOTE: no skewed clocks on SQLite: the app writes the times of a job with "
@@ -461,7 +462,7 @@ class Torture(workloads.Workloads):
         n_ugly = min(max(2, round(o.jobs * o.ugly_fraction)), o.jobs - n_overrun - n_gil)
         n_once = round(o.jobs * o.once_fraction)
         specs = []
-        for i in range(o.jobs):
+        for i in range(o.jobs - o.limited_jobs):  # the limited ones are part of --jobs
             if i < n_overrun:
                 specs.append((tt.overrun, tt.OVERRUN, 3.0, o.fail_rate))
             elif i < n_overrun + n_gil:  # half past a 1 s timeout, half with none of its own
@@ -492,6 +493,8 @@ class Torture(workloads.Workloads):
                         o.seed, kind, seconds, fail_rate
                     )
                     self.enqueued_ids.add(str(result.id))
+        if o.limited_jobs:
+            self.enqueue_limited(now, SPREAD * o.duration)
 
     # ----------------------------------------------------------- supervisors
 
@@ -712,6 +715,8 @@ class Torture(workloads.Workloads):
             self.faults.samples += 1
             self.faults.multi_live.update(multi)
             self.faults.workload.unique_multi.update(self.guarded(keys, []))
+        if self.options.limited_jobs:
+            self.sample_limits()
 
     def pick_worker(self, *, deadline_within: float | None = None) -> tuple[int, str] | None:
         """A worker of a live supervisor on this host, not paused: mid-body if any, else
@@ -725,6 +730,11 @@ class Torture(workloads.Workloads):
             running = list(
                 Job.objects.running().values_list("worker_id", "result_id", "attempt", "timeout")
             )
+            limited.update(
+                Job.objects.running()
+                .filter(concurrency_key__isnull=False)
+                .values_list("result_id", "attempt")
+            )
             started = set(
                 Execution.objects.filter(result_id__in={r[1] for r in running}).values_list(
                     "result_id", "attempt"
@@ -732,6 +742,7 @@ class Torture(workloads.Workloads):
             )
             return beats, running, started
 
+        limited: set[tuple[Any, int]] = set()
         found = self.guarded(query, None)
         if found is None:
             return None
@@ -748,6 +759,12 @@ class Torture(workloads.Workloads):
         mid_body = {w for w, rid, attempt, _ in running if (rid, attempt) in started}
         busy = {w for w, _, _, _ in running}
         wanted_sets: list[set[str] | None] = [mid_body, busy, None]
+        # Half of the time, one in the body of a limited task first: its slot must stay
+        # taken until its attempt is rescued, and no longer.
+        if self.options.limited_jobs and self.rng.random() < 0.5:
+            wanted_sets.insert(
+                0, {w for w, rid, attempt, _ in running if (rid, attempt) in started & limited}
+            )
         if deadline_within is not None:
             short = {
                 w
@@ -803,7 +820,14 @@ class Torture(workloads.Workloads):
         live = [s for s in self.live_supervisors(here=True) if s.prefix]
         if not live:
             return
-        victim = self.rng.choice(live)
+        # One running a limited body if any: its slot must stay taken until the attempt
+        # is failed as lost (the lost-after window), and no longer.
+        from django_jobstate.models import Job
+
+        limited = Job.objects.running().filter(concurrency_key__isnull=False)
+        busy = self.guarded(lambda: set(limited.values_list("worker_id", flat=True)), set())
+        preferred = [s for s in live if any(w.startswith(s.prefix or "") for w in busy)]
+        victim = self.rng.choice(preferred or live)
         assert victim.prefix is not None
         at = self.db_now()
         os.killpg(victim.pid, signal.SIGKILL)

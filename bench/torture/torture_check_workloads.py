@@ -28,6 +28,7 @@ Why each check is sound:
   interpreter held beside it).
 - Locked rows. A row locked FOR UPDATE is never claimed while the lock is held (SKIP
   LOCKED), and runs once it is released (the drain: every task terminal).
+- Concurrency limits: torture_check_limits.py.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def workload_figures(
     figures |= _uniques(work, chains, executions, faults, examples)
     figures |= _batches(work, chains, ran, jobs, faults, examples)
     figures |= _locks(work, faults, jobs, chains, examples)
+    from bench.torture.torture_check_limits import limit_figures  # it imports torture_check
+
+    figures |= limit_figures(jobs, executions, faults, examples)
     in_flight = Counter(
         "async" if j["task_path"].endswith("_async") else "sync"
         for j in jobs

@@ -17,7 +17,12 @@ is switched off by its own --no-... flag, and checked by torture_check_workloads
   SQLite, where there are no row locks, a read transaction as long) past the window;
 - a table lock while attempts with a 1 s timeout run: LOCK TABLE ... ACCESS EXCLUSIVE on
   PostgreSQL, LOCK TABLES ... WRITE on MariaDB, the write lock (BEGIN IMMEDIATE) on
-  SQLite, for the lost-after window.
+  SQLite, for the lost-after window;
+- concurrency limits: part of the --jobs are limited tasks (a limit of 1 per key over
+  LIMIT_KEYS keys, a limit of 2 for a task), enqueued with the rest in clumps due
+  together, so that most of them wait for a slot; the faults pick workers in their bodies
+  first half of the time. A sampler reads the slot holders and the held rows five times a
+  second (torture_check_limits.py has the checks).
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ LOCKED_ROWS = 3
 DEADLINE_JOBS = 8  # attempts with a 1 s timeout started just before a table lock
 LOCK_WAIT = 40  # tries (0.25 s apart) for an attempt to start before the lock or kill
 TICK_SCHEDULE = "torture-tick"
+LIMIT_KEYS = 3  # the keys of limited_per_key (a limit of 1 each)
+# A clump of limited jobs due at one moment: two per key, three of limited_per_task.
+LIMIT_CLUMP = 2 * LIMIT_KEYS + 3
 
 
 @dataclass
@@ -103,6 +111,15 @@ class Workload:
     ticks_until: datetime | None = None  # ticks from here on are past the run
     row_locks_exclusive: bool = True  # False on SQLite: a read transaction, no row lock
     ticks: bool = False
+    # Concurrency limits, sampled: samples taken; keys seen with more slot holders or
+    # running rows than their limit, and held rows while their key had a free slot (one
+    # line each); the most running rows seen at once per key.
+    limit_samples: int = 0
+    limit_over: list[str] = field(default_factory=list)
+    limit_held_free: list[str] = field(default_factory=list)
+    limit_peaks: dict[str, int] = field(default_factory=dict)
+    # The database clock minus time.monotonic() (the bodies' stamps), in seconds.
+    mono_to_db: float = 0.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,6 +133,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-row-locks", action="store_true", help="no rows locked by another connection")
     add("--row-locks", type=int, help="default: duration/30, at least 1")
     add("--no-table-lock", action="store_true", help="no table lock during deadlines")
+    add("--no-limits", action="store_true", help="no tasks with concurrency limits")
+    add("--limited-jobs", type=int, help="of --jobs; default: jobs/33, at least 18")
 
 
 def resolve(options: argparse.Namespace) -> None:
@@ -128,6 +147,12 @@ def resolve(options: argparse.Namespace) -> None:
         count = getattr(options, name)
         setattr(options, name, 0 if off else default if count is None else count)
     options.table_lock = not options.no_table_lock
+    if options.no_limits:
+        options.limited_jobs = 0
+    elif options.limited_jobs is None:
+        options.limited_jobs = max(2 * LIMIT_CLUMP, round(options.jobs / 33))
+    # Part of --jobs, not more: a run with limits lasts as long as one without.
+    options.limited_jobs = min(options.limited_jobs, options.jobs // 2)
     options.ticks = not options.no_ticks
 
 
@@ -152,12 +177,15 @@ class Workloads:
         self.lock_tries = 0
         self.deadline_ids: list[str] | None = None
         self.table_conn: Any = None
+        self.limit_clumps: list[float] = []  # seconds from the enqueue to each clump's due
+        self.limit_tries = 0
 
     def workload_events(self, duration: float) -> list[tuple[float, str]]:
         o, rng, d = self.options, self.rng, duration
         events = [(rng.uniform(0.05, 0.85) * d, "cancel") for _ in range(o.cancels)]
         events += [(rng.uniform(0.05, 0.75) * d, "mixed_batch") for _ in range(o.mixed_batches)]
         events += [(rng.uniform(0.05, 0.8) * d, "lock_rows") for _ in range(o.row_locks)]
+        events += [(at + 0.3, "kill_limited") for at in self.limit_clumps if at + 0.3 < d]
         return events
 
     # ----------------------------------------------------------------- cancels
@@ -340,6 +368,133 @@ class Workloads:
                 f"({len(kill.victims)} running)"
             )
         return not self.pending_kills
+
+    # ------------------------------------------------------- concurrency limits
+
+    def enqueue_limited(self, now: datetime, spread: float) -> None:
+        """The limited jobs, in clumps due together over the first 60% of `spread`
+        seconds from `now`: a key runs its clump one job after another, retries at the
+        back, and must be done by the end of the faults, not lengthen the drain."""
+        from django.db import transaction
+
+        from bench.torture import torture_tasks as tt
+
+        o = self.options
+        rng = random.Random(f"{o.seed}/limits")
+        n, clumps = o.limited_jobs, max(1, -(-o.limited_jobs // LIMIT_CLUMP))
+        with transaction.atomic():
+            for i in range(n):
+                if i % LIMIT_CLUMP == 0:
+                    self.limit_clumps.append(rng.uniform(0, 0.6 * spread))
+                    due = now + timedelta(seconds=self.limit_clumps[-1])
+                seconds = round(rng.uniform(0.2, 0.8), 2)
+                slot = i % LIMIT_CLUMP
+                task = tt.limited_per_key if slot < 2 * LIMIT_KEYS else tt.limited_per_task
+                keyed = {"key": f"c{slot % LIMIT_KEYS}"} if task is tt.limited_per_key else {}
+                result = task.using(run_after=due).enqueue(
+                    o.seed, tt.LIMITED, seconds, o.fail_rate, **keyed
+                )
+                self.enqueued_ids.add(str(result.id))
+        print(f"  {self.clock()} {n} limited jobs enqueued in {clumps} clumps")
+
+    def kill_limited(self) -> bool:
+        """SIGKILL the worker of a limited body whose key has a job waiting for its slot
+        (False until one runs, for up to LOCK_WAIT tries): the slot stays taken until its
+        supervisor fails the attempt, then goes to the waiting job. (The supervisor kills
+        and the cut, whose attempts are failed after the lost-after window, fall on
+        limited bodies when the faults' picks do: pick_worker prefers them.)"""
+        from bench.models import Execution
+        from bench.torture.torture_check import Kill
+        from django_jobstate.limits import HELD
+        from django_jobstate.models import Job, WorkerHeartbeat
+
+        def query() -> list[tuple[int, str]]:
+            waiting = Job.objects.filter(HELD).values("concurrency_key")
+            running = Job.objects.running().filter(concurrency_key__in=waiting)
+            found = []
+            for wid, rid, attempt in running.values_list("worker_id", "result_id", "attempt"):
+                beat = WorkerHeartbeat.objects.filter(worker_id=wid).values_list("pid", flat=True)
+                if Execution.objects.filter(result_id=rid, attempt=attempt).exists() and beat:
+                    found.append((beat[0], wid))
+            return found
+
+        self.limit_tries += 1
+        ours = [
+            (pid, wid)
+            for pid, wid in self.guarded(query, [])
+            if pid not in self.paused and (s := self.owner(pid)) and not s.host
+        ]
+        if not ours:
+            if self.limit_tries < LOCK_WAIT:
+                return False
+            print(f"  {self.clock()} no limited body with a job waiting: no kill")
+            self.limit_tries = 0
+            return True
+        self.limit_tries = 0
+        pid, worker_id = self.rng.choice(sorted(ours))
+        at = self.db_now()
+        os.kill(pid, signal.SIGKILL)
+        kill = Kill("worker", worker_id, at, self.victims(at, worker_id=worker_id))
+        self.faults.kills.append(kill)
+        print(
+            f"  {self.clock()} SIGKILL worker {worker_id} in a limited body, its key's next "
+            f"job waiting ({len(kill.victims)} running)"
+        )
+        return True
+
+    def sample_limits(self) -> None:
+        """Per concurrency key, in one statement each: more slot holders, or running
+        rows, than the limit; held rows while the key has a free slot (a finish hands its
+        slot on in its own transaction: never seen between the two)."""
+        from django.db.models import Count, F, Max, OuterRef, Q, Subquery
+        from django.db.models.functions import Coalesce
+
+        from django_jobstate.limits import HELD, HOLDS_SLOT
+        from django_jobstate.models import Job
+        from django_jobstate.states import State
+
+        work = self.faults.workload
+
+        def holders() -> list[dict[str, Any]]:
+            rows = Job.objects.filter(HOLDS_SLOT).order_by().values("concurrency_key")
+            return list(
+                rows.annotate(
+                    n=Count("pk"),
+                    running=Count("pk", filter=Q(state=State.RUNNING)),
+                    limit=Max("concurrency_limit"),
+                )
+            )
+
+        def held_free() -> list[tuple[int, str, int, int]]:
+            count = (
+                Job.objects.filter(HOLDS_SLOT, concurrency_key=OuterRef("concurrency_key"))
+                .order_by()
+                .values("concurrency_key")
+                .annotate(c=Count("pk"))
+                .values("c")
+            )
+            held = Job.objects.filter(HELD).annotate(holders=Coalesce(Subquery(count), 0))
+            rows = held.filter(holders__lt=F("concurrency_limit"))
+            return list(rows.values_list("pk", "concurrency_key", "holders", "concurrency_limit"))
+
+        found = self.guarded(holders, None)
+        free = self.guarded(held_free, None)
+        if found is None or free is None:
+            return
+        work.limit_samples += 1
+        at = self.db_now()
+        for row in found:
+            key = row["concurrency_key"]
+            work.limit_peaks[key] = max(work.limit_peaks.get(key, 0), row["running"])
+            if max(row["n"], row["running"]) > row["limit"]:
+                work.limit_over.append(
+                    f"{at}: key {key[:12]} had {row['n']} slot holders, {row['running']} "
+                    f"running, for a limit of {row['limit']}"
+                )
+        work.limit_held_free += [
+            f"{at}: job {pk} held while key {key[:12]} had {n} of {limit} slots taken"
+            for pk, key, n, limit in free
+        ]
 
     # ------------------------------------------------------------ locked rows
 
