@@ -679,7 +679,7 @@ class Torture(workloads.Workloads):
         for pid, (until, _pause) in list(self.paused.items()):
             if time.monotonic() >= until:
                 self.resume(pid)
-        if self.away is not None and time.monotonic() >= self.away[0]:
+        if self.away is not None and (time.monotonic() >= self.away[0] or self.thawed()):
             self.come_back()
         for supervisor in self.supervisors:
             if not supervisor.killed and not supervisor.alive:
@@ -985,7 +985,9 @@ class Torture(workloads.Workloads):
         """End the outage or the cut in progress."""
         assert self.away is not None
         _, fault = self.away
-        if self.partition is not None and fault in self.faults.cuts:
+        if self.thaw(fault):
+            pass
+        elif self.partition is not None and fault in self.faults.cuts:
             self.partition.link.restore()
             print(f"  {self.clock()} link restored")
         elif self.release_table_lock():

@@ -111,6 +111,9 @@ class Faults:
     restarted_at: list[datetime] = field(default_factory=list)  # database clock
     outages: list[Outage] = field(default_factory=list)
     cuts: list[Cut] = field(default_factory=list)
+    # Supervisors SIGSTOPped whole (process group) past the window, one of their workers in
+    # a limited body: alive but silent, as a cut-off host (their attempts are excused alike).
+    freezes: list[Cut] = field(default_factory=list)
     # {worker-id prefix: (supervisor index, clock skew, network namespace or "")}
     supervisors: dict[str, tuple[int, float, str]] = field(default_factory=dict)
     id_clashes: set[str] = field(default_factory=set)  # two supervisors naming workers alike
@@ -198,7 +201,7 @@ def check(
                 e["worker_id"].startswith(cut.prefix)
                 and e["recorded_at"] >= cut.at - CLOCK_SLACK
                 and (cut.ended is None or job["started_at"] <= cut.ended + CLOCK_SLACK)
-                for cut in faults.cuts
+                for cut in [*faults.cuts, *faults.freezes]
             ):
                 excused += 1
                 examples["late_executions_excused"].append(
@@ -397,7 +400,7 @@ def check(
             continue
         if any(
             wid.startswith(cut.prefix) and _within(finished, cut.at, cut.ended, window)
-            for cut in faults.cuts
+            for cut in [*faults.cuts, *faults.freezes]
         ):
             lost_expected += 1
             continue

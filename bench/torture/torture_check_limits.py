@@ -121,6 +121,15 @@ def limit_figures(
             ),
             examples=[describe(j) for j in rescued[:5]],
         ),
+        "limit_freezes": Figure(
+            "  supervisors SIGSTOPped whole in a limited body, its key's next job waiting",
+            len(faults.freezes),
+            note=", ".join(
+                f"{(f.ended - f.at).total_seconds():.1f} s, {len(f.victims)} running"
+                for f in faults.freezes
+                if f.ended
+            ),
+        ),
         "limit_over_sampled": Figure(
             "concurrency keys seen over their limit (slot holders or running rows, sampled)",
             len(work.limit_over),
@@ -176,7 +185,7 @@ def _mono(at: datetime, faults: Faults) -> float:
 
 def _silenced(job: Row, faults: Faults) -> bool:
     """Was the worker of `job` alive but silenced when it was failed: SIGSTOPped (a paused
-    worker) or its host cut off, and not killed before?"""
+    worker, or its whole supervisor) or its host cut off, and not killed before?"""
     wid, finished = job["worker_id"] or "", job["finished_at"]
     if finished is None:
         return False
@@ -187,7 +196,7 @@ def _silenced(job: Row, faults: Faults) -> bool:
         return True
     return any(
         wid.startswith(c.prefix) and _overlaps(job["started_at"], finished, c.at, c.ended)
-        for c in faults.cuts
+        for c in [*faults.cuts, *faults.freezes]
     )
 
 

@@ -360,7 +360,8 @@ def _holder_held_by_a_fault(
         ):
             continue
         cut = any(
-            wid.startswith(c.prefix) and _overlaps(u.at, u.done, c.at, c.ended) for c in faults.cuts
+            wid.startswith(c.prefix) and _overlaps(u.at, u.done, c.at, c.ended)
+            for c in [*faults.cuts, *faults.freezes]
         )
         if cut or held(every, faults, wid, u.at, u.done):
             return True
@@ -386,7 +387,8 @@ def _stalled(
     breaks = [*faults.restarted_at, *(k.at for k in faults.connection_kills)]
     if any(start <= t <= end for t in breaks):
         return True
-    if any(wid.startswith(c.prefix) and _overlaps(start, end, c.at, c.ended) for c in faults.cuts):
+    cuts = [*faults.cuts, *faults.freezes]
+    if any(wid.startswith(c.prefix) and _overlaps(start, end, c.at, c.ended) for c in cuts):
         return True
     return held(jobs, faults, wid, start, end)
 

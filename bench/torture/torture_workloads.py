@@ -21,13 +21,15 @@ is switched off by its own --no-... flag, and checked by torture_check_workloads
 - concurrency limits: part of the --jobs are limited tasks (a limit of 1 per key over
   LIMIT_KEYS keys, a limit of 2 for a task), enqueued with the rest in clumps due
   together, so that most of them wait for a slot; the faults pick workers in their bodies
-  first half of the time. A sampler reads the slot holders and the held rows five times a
-  second (torture_check_limits.py has the checks).
+  first half of the time; twice a pair of jobs of a key of their own whose first body is
+  killed or stopped with its whole supervisor (kill_limited). A sampler reads the slot
+  holders and the held rows five times a second (torture_check_limits.py has the checks).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -55,6 +57,7 @@ TICK_SCHEDULE = "torture-tick"
 LIMIT_KEYS = 3  # the keys of limited_per_key (a limit of 1 each)
 # A clump of limited jobs due at one moment: two per key, three of limited_per_task.
 LIMIT_CLUMP = 2 * LIMIT_KEYS + 3
+LIMIT_PAIR_SECONDS = 2.0  # the body kill_limited() stops: it outlives the stop's rescue
 
 
 @dataclass
@@ -177,15 +180,20 @@ class Workloads:
         self.lock_tries = 0
         self.deadline_ids: list[str] | None = None
         self.table_conn: Any = None
-        self.limit_clumps: list[float] = []  # seconds from the enqueue to each clump's due
+        self.limit_pair: str | None = None  # the first job of kill_limited()'s pair
         self.limit_tries = 0
+        self.limit_kills = 0
+        # A supervisor SIGSTOPped whole: its process group, the limited attempt it ran,
+        # when (database clock), and its Cut (in Faults.freezes).
+        self.frozen: tuple[int, int, datetime, Any] | None = None
 
     def workload_events(self, duration: float) -> list[tuple[float, str]]:
         o, rng, d = self.options, self.rng, duration
         events = [(rng.uniform(0.05, 0.85) * d, "cancel") for _ in range(o.cancels)]
         events += [(rng.uniform(0.05, 0.75) * d, "mixed_batch") for _ in range(o.mixed_batches)]
         events += [(rng.uniform(0.05, 0.8) * d, "lock_rows") for _ in range(o.row_locks)]
-        events += [(at + 0.3, "kill_limited") for at in self.limit_clumps if at + 0.3 < d]
+        if o.limited_jobs:
+            events += [(rng.uniform(0.1, 0.5) * d, "kill_limited") for _ in range(2)]
         return events
 
     # ----------------------------------------------------------------- cancels
@@ -372,7 +380,7 @@ class Workloads:
     # ------------------------------------------------------- concurrency limits
 
     def enqueue_limited(self, now: datetime, spread: float) -> None:
-        """The limited jobs, in clumps due together over the first 60% of `spread`
+        """The limited jobs, in clumps due together over the first half of `spread`
         seconds from `now`: a key runs its clump one job after another, retries at the
         back, and must be done by the end of the faults, not lengthen the drain."""
         from django.db import transaction
@@ -385,8 +393,7 @@ class Workloads:
         with transaction.atomic():
             for i in range(n):
                 if i % LIMIT_CLUMP == 0:
-                    self.limit_clumps.append(rng.uniform(0, 0.6 * spread))
-                    due = now + timedelta(seconds=self.limit_clumps[-1])
+                    due = now + timedelta(seconds=rng.uniform(0, 0.5 * spread))
                 seconds = round(rng.uniform(0.2, 0.8), 2)
                 slot = i % LIMIT_CLUMP
                 task = tt.limited_per_key if slot < 2 * LIMIT_KEYS else tt.limited_per_task
@@ -398,40 +405,59 @@ class Workloads:
         print(f"  {self.clock()} {n} limited jobs enqueued in {clumps} clumps")
 
     def kill_limited(self) -> bool:
-        """SIGKILL the worker of a limited body whose key has a job waiting for its slot
-        (False until one runs, for up to LOCK_WAIT tries): the slot stays taken until its
-        supervisor fails the attempt, then goes to the waiting job. (The supervisor kills
-        and the cut, whose attempts are failed after the lost-after window, fall on
-        limited bodies when the faults' picks do: pick_worker prefers them.)"""
+        """Enqueue a pair of limited jobs of a key of their own, due now and ahead of the
+        rest (a body of LIMIT_PAIR_SECONDS, then one of 1 s), wait until the first runs
+        its body (False meanwhile, for up to 2 * LOCK_WAIT tries), then SIGKILL its worker
+        or, every other time (not on SQLite, where a process stopped inside a write holds
+        every writer back, the rescuer too), SIGSTOP its whole supervisor. Killed, the
+        slot stays taken until its supervisor fails the attempt; stopped, until another
+        fails it as lost (the lost-after window): the second job runs then, while the
+        first body is still alive, and the stop ends once that second body began, so
+        that both run at once: an overlap after a rescue (the database bounds rows, not
+        processes). The supervisor kill and the other faults fall on the limited bodies
+        of the clumps when their picks do (they prefer them)."""
         from bench.models import Execution
+        from bench.torture import torture_tasks as tt
         from bench.torture.torture_check import Kill
-        from django_jobstate.limits import HELD
         from django_jobstate.models import Job, WorkerHeartbeat
 
-        def query() -> list[tuple[int, str]]:
-            waiting = Job.objects.filter(HELD).values("concurrency_key")
-            running = Job.objects.running().filter(concurrency_key__in=waiting)
-            found = []
-            for wid, rid, attempt in running.values_list("worker_id", "result_id", "attempt"):
-                beat = WorkerHeartbeat.objects.filter(worker_id=wid).values_list("pid", flat=True)
-                if Execution.objects.filter(result_id=rid, attempt=attempt).exists() and beat:
-                    found.append((beat[0], wid))
-            return found
+        o = self.options
+        if self.limit_pair is None:
+            task = tt.limited_per_key.using(priority=10)
+            key = f"pair{len(self.enqueued_ids)}"
+            first = task.enqueue(o.seed, tt.LIMITED, LIMIT_PAIR_SECONDS, 0.0, key=key)
+            second = task.enqueue(o.seed, tt.LIMITED, 1.0, 0.0, key=key)
+            self.enqueued_ids.update([str(first.id), str(second.id)])
+            self.limit_pair, self.limit_tries = str(first.id), 0
+            return False
 
+        def query() -> tuple[int, str, int] | None:
+            job = Job.objects.running().filter(result_id=self.limit_pair).first()
+            if job is None or not Execution.objects.filter(
+                result_id=job.result_id, attempt=job.attempt
+            ):
+                return None
+            beat = WorkerHeartbeat.objects.filter(worker_id=job.worker_id).first()
+            return None if beat is None else (beat.pid, job.worker_id, job.pk)
+
+        found = self.guarded(query, None)
+        supervisor = found and self.owner(found[0])
         self.limit_tries += 1
-        ours = [
-            (pid, wid)
-            for pid, wid in self.guarded(query, [])
-            if pid not in self.paused and (s := self.owner(pid)) and not s.host
-        ]
-        if not ours:
-            if self.limit_tries < LOCK_WAIT:
+        if not found or not supervisor or supervisor.host or found[0] in self.paused:
+            if self.limit_tries < 2 * LOCK_WAIT:
                 return False
-            print(f"  {self.clock()} no limited body with a job waiting: no kill")
-            self.limit_tries = 0
+            print(f"  {self.clock()} the limited pair's first body did not run here: no stop")
+            self.limit_pair = None
             return True
-        self.limit_tries = 0
-        pid, worker_id = self.rng.choice(sorted(ours))
+        pid, worker_id, pk = found
+        freeze = self.limit_kills % 2 == 0 and o.db != "sqlite"
+        if freeze and not self.freeze(supervisor, pk):  # its body ended before the stop
+            self.limit_pair = None
+            return True
+        self.limit_pair = None
+        self.limit_kills += 1
+        if freeze:
+            return True
         at = self.db_now()
         os.kill(pid, signal.SIGKILL)
         kill = Kill("worker", worker_id, at, self.victims(at, worker_id=worker_id))
@@ -440,6 +466,67 @@ class Workloads:
             f"  {self.clock()} SIGKILL worker {worker_id} in a limited body, its key's next "
             f"job waiting ({len(kill.victims)} running)"
         )
+        return True
+
+    def freeze(self, supervisor: Any, pk: int) -> bool:
+        """SIGSTOP `supervisor` whole while attempt `pk` runs; False (and SIGCONT at once)
+        if that attempt had ended before the stop."""
+        from bench.torture.torture_check import Cut
+        from django_jobstate.models import Job
+
+        at = self.db_now()
+        os.killpg(supervisor.pid, signal.SIGSTOP)
+        frozen = Cut(
+            supervisor.prefix, at, self.victims(at, worker_id__startswith=supervisor.prefix)
+        )
+        self.faults.freezes.append(frozen)
+        self.frozen = (supervisor.pid, pk, at, frozen)
+        if pk not in frozen.victims or not self.guarded(
+            Job.objects.running().filter(pk=pk).exists, False
+        ):
+            self.thaw(frozen)
+            return False
+        # Until the key's next body began elsewhere (thawed()), or this long at most.
+        self.away = (time.monotonic() + 2 * self.lost_after + 4.0, frozen)
+        print(
+            f"  {self.clock()} SIGSTOP supervisor s{supervisor.index} whole, in a limited "
+            f"body, its key's next job waiting ({len(frozen.victims)} running)"
+        )
+        return True
+
+    def thawed(self) -> bool:
+        """Was the frozen attempt failed (rescued), and has a job of its key begun its
+        body since?"""
+        from bench.models import Execution
+        from django_jobstate.models import Job
+
+        if self.frozen is None or self.away is None or self.away[1] is not self.frozen[3]:
+            return False
+        pk = self.frozen[1]
+
+        def begun() -> bool:
+            row = Job.objects.filter(pk=pk).values("concurrency_key", "finished_at").first()
+            if row is None or row["finished_at"] is None:
+                return False
+            rows = Job.objects.filter(
+                concurrency_key=row["concurrency_key"], started_at__gte=row["finished_at"]
+            ).exclude(pk=pk)
+            return any(
+                Execution.objects.filter(result_id=rid, attempt=n).exists()
+                for rid, n in rows.values_list("result_id", "attempt")
+            )
+
+        return self.guarded(begun, False)
+
+    def thaw(self, fault: Any) -> bool:
+        """SIGCONT the frozen supervisor if `fault` is its freeze (for come_back())."""
+        if self.frozen is None or self.frozen[3] is not fault:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.frozen[0], signal.SIGCONT)
+        self.frozen = None
+        fault.ended = self.db_now()
+        print(f"  {self.clock()} SIGCONT of the stopped supervisor")
         return True
 
     def sample_limits(self) -> None:
