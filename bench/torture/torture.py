@@ -570,6 +570,8 @@ class Torture(workloads.Workloads):
             group = os.getpgid(pid)
         except ProcessLookupError:
             return None
+        if self.frozen is not None and group == self.frozen[0]:
+            return None  # stopped whole (kill_limited): no other fault picks its workers
         return next((s for s in self.live_supervisors() if s.pid == group), None)
 
     def learn(self) -> None:
@@ -679,8 +681,12 @@ class Torture(workloads.Workloads):
         for pid, (until, _pause) in list(self.paused.items()):
             if time.monotonic() >= until:
                 self.resume(pid)
-        if self.away is not None and (time.monotonic() >= self.away[0] or self.thawed()):
+        if self.away is not None and time.monotonic() >= self.away[0]:
             self.come_back()
+        if self.frozen is not None and (
+            time.monotonic() >= self.frozen[2] or (self.table_conn is None and self.thawed())
+        ):
+            self.thaw()  # (not read while the job table is locked: as sample())
         for supervisor in self.supervisors:
             if not supervisor.killed and not supervisor.alive:
                 supervisor.killed = True  # not by us: count it, replace it
@@ -817,7 +823,8 @@ class Torture(workloads.Workloads):
         from bench.torture.torture_check import Kill
 
         self.learn()
-        live = [s for s in self.live_supervisors(here=True) if s.prefix]
+        frozen = self.frozen and self.frozen[0]
+        live = [s for s in self.live_supervisors(here=True) if s.prefix and s.pid != frozen]
         if not live:
             return
         # One running a limited body if any: its slot must stay taken until the attempt
@@ -985,9 +992,7 @@ class Torture(workloads.Workloads):
         """End the outage or the cut in progress."""
         assert self.away is not None
         _, fault = self.away
-        if self.thaw(fault):
-            pass
-        elif self.partition is not None and fault in self.faults.cuts:
+        if self.partition is not None and fault in self.faults.cuts:
             self.partition.link.restore()
             print(f"  {self.clock()} link restored")
         elif self.release_table_lock():
@@ -1013,6 +1018,7 @@ class Torture(workloads.Workloads):
 
         for pid in list(self.paused):
             self.resume(pid)
+        self.thaw()
         self.wait_until_back()  # the last outage or cut lasts as long as the others
         while len(self.live_supervisors(here=True)) < self.options.supervisors:
             self.start_supervisor()
@@ -1050,6 +1056,7 @@ class Torture(workloads.Workloads):
         self.stop_threads(every=True)
         for pid in list(self.paused):
             self.resume(pid)
+        self.thaw()
         if self.away is not None:
             with contextlib.suppress(Exception):
                 self.come_back()

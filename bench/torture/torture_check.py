@@ -223,7 +223,7 @@ def check(
     # Attempts, one by one, against their plan.
     contrary, misstored, unplanned_errors, unexpected_timeouts = 0, 0, Counter(), 0
     ugly_stored = 0
-    not_enforced, deadline_to_stop = 0, []
+    not_enforced, deadline_to_stop, frozen_late = 0, [], 0
     early, off_clock = 0, 0
     failures: Counter[str] = Counter()
     outcome_ok: dict[int, str] = {}  # pk -> "planned" / "fault" / "contrary" / "ok" / "released"
@@ -262,8 +262,11 @@ def check(
                 unexpected_timeouts += plan != OVERRUN
                 late_timeout = LATE_TIMEOUT.search(j["error_message"])
                 if late_timeout and float(late_timeout[1]) > j["timeout"] + TIMEOUT_SLACK:
-                    not_enforced += 1
-                    examples["not_enforced"].append(describe(j))
+                    if _frozen_at_deadline(j, faults):
+                        frozen_late += 1  # no supervisor left awake to stop it
+                    else:
+                        not_enforced += 1
+                        examples["not_enforced"].append(describe(j))
                 elif plan == OVERRUN and execution is not None and not late_timeout:
                     deadline = execution["recorded_at"] + timedelta(seconds=j["timeout"])
                     deadline_to_stop.append((j["finished_at"] - deadline).total_seconds())
@@ -500,6 +503,11 @@ def check(
             True,
         ),
         "not_enforced": Figure("timeouts not enforced", not_enforced, True),
+        "frozen_late": Figure(
+            "  ... found late by their own supervisor, SIGSTOPped whole across the deadline "
+            "(not counted)",
+            frozen_late,
+        ),
         "should_have_succeeded": Figure(
             "tasks that should have succeeded and did not", should_have, True
         ),
@@ -678,6 +686,17 @@ def check(
         if key in figures:
             figures[key].examples = lines[:5]
     return figures
+
+
+def _frozen_at_deadline(job: dict[str, Any], faults: Faults) -> bool:
+    """Was the supervisor of `job` stopped whole (kill_limited) when its deadline came?"""
+    if job["started_at"] is None or job["timeout"] is None:
+        return False
+    deadline = job["started_at"] + timedelta(seconds=job["timeout"])
+    wid = job["worker_id"] or ""
+    return any(
+        wid.startswith(f.prefix) and _within(deadline, f.at, f.ended, 0) for f in faults.freezes
+    )
 
 
 def _cancellable(job: dict[str, Any]) -> bool:

@@ -58,6 +58,7 @@ LIMIT_KEYS = 3  # the keys of limited_per_key (a limit of 1 each)
 # A clump of limited jobs due at one moment: two per key, three of limited_per_task.
 LIMIT_CLUMP = 2 * LIMIT_KEYS + 3
 LIMIT_PAIR_SECONDS = 2.0  # the body kill_limited() stops: it outlives the stop's rescue
+FREEZE_LONGEST = 8.0  # a supervisor stopped whole: the lost-after window, the rescue, slack
 
 
 @dataclass
@@ -182,10 +183,11 @@ class Workloads:
         self.table_conn: Any = None
         self.limit_pair: str | None = None  # the first job of kill_limited()'s pair
         self.limit_tries = 0
-        self.limit_kills = 0
+        self.limit_froze = False
         # A supervisor SIGSTOPped whole: its process group, the limited attempt it ran,
-        # when (database clock), and its Cut (in Faults.freezes).
-        self.frozen: tuple[int, int, datetime, Any] | None = None
+        # when to SIGCONT it at the latest (time.monotonic()), and its Cut (in
+        # Faults.freezes). Other faults go on meanwhile, but none picks its workers.
+        self.frozen: tuple[int, int, float, Any] | None = None
 
     def workload_events(self, duration: float) -> list[tuple[float, str]]:
         o, rng, d = self.options, self.rng, duration
@@ -407,9 +409,9 @@ class Workloads:
     def kill_limited(self) -> bool:
         """Enqueue a pair of limited jobs of a key of their own, due now and ahead of the
         rest (a body of LIMIT_PAIR_SECONDS, then one of 1 s), wait until the first runs
-        its body (False meanwhile, for up to 2 * LOCK_WAIT tries), then SIGKILL its worker
-        or, every other time (not on SQLite, where a process stopped inside a write holds
-        every writer back, the rescuer too), SIGSTOP its whole supervisor. Killed, the
+        its body (False meanwhile, for up to 2 * LOCK_WAIT tries), then SIGSTOP its whole
+        supervisor (once, if may_freeze(); not on SQLite, where a process stopped inside a
+        write holds every writer back, the rescuer too), else SIGKILL its worker. Killed, the
         slot stays taken until its supervisor fails the attempt; stopped, until another
         fails it as lost (the lost-after window): the second job runs then, while the
         first body is still alive, and the stop ends once that second body began, so
@@ -450,13 +452,14 @@ class Workloads:
             self.limit_pair = None
             return True
         pid, worker_id, pk = found
-        freeze = self.limit_kills % 2 == 0 and o.db != "sqlite"
+        # A stop first (once it held, kills), where one may be made.
+        freeze = not self.limit_froze and o.db != "sqlite" and self.may_freeze(supervisor)
         if freeze and not self.freeze(supervisor, pk):  # its body ended before the stop
             self.limit_pair = None
             return True
         self.limit_pair = None
-        self.limit_kills += 1
         if freeze:
+            self.limit_froze = True
             return True
         at = self.db_now()
         os.kill(pid, signal.SIGKILL)
@@ -467,6 +470,25 @@ class Workloads:
             f"job waiting ({len(kill.victims)} running)"
         )
         return True
+
+    def may_freeze(self, supervisor: Any) -> bool:
+        """Not a supervisor running an overrun or a held interpreter (frozen past its
+        deadline, it would go on past it), nor an attempt whose deadline may fall in the
+        stop: a supervisor stopped whole cannot stop it in time."""
+        from bench.torture import torture_tasks as tt
+        from django_jobstate.models import Job
+
+        def safe() -> bool:
+            running = Job.objects.running().filter(worker_id__startswith=supervisor.prefix)
+            soon = self.db_now() + timedelta(seconds=FREEZE_LONGEST + 1.0)
+            rows = running.values_list("args", "started_at", "timeout", "task_path")
+            return not any(
+                (path not in tt.LIMITED_TASKS and args[1] in tt.OVERRUN_KINDS | {tt.GIL_HOLD})
+                or (started and timeout and started + timedelta(seconds=timeout) < soon)
+                for args, started, timeout, path in rows
+            )
+
+        return self.guarded(safe, False)
 
     def freeze(self, supervisor: Any, pk: int) -> bool:
         """SIGSTOP `supervisor` whole while attempt `pk` runs; False (and SIGCONT at once)
@@ -480,14 +502,13 @@ class Workloads:
             supervisor.prefix, at, self.victims(at, worker_id__startswith=supervisor.prefix)
         )
         self.faults.freezes.append(frozen)
-        self.frozen = (supervisor.pid, pk, at, frozen)
+        # Until the key's next body began elsewhere (thawed()), or this long at most.
+        self.frozen = (supervisor.pid, pk, time.monotonic() + FREEZE_LONGEST, frozen)
         if pk not in frozen.victims or not self.guarded(
             Job.objects.running().filter(pk=pk).exists, False
         ):
-            self.thaw(frozen)
+            self.thaw()
             return False
-        # Until the key's next body began elsewhere (thawed()), or this long at most.
-        self.away = (time.monotonic() + 2 * self.lost_after + 4.0, frozen)
         print(
             f"  {self.clock()} SIGSTOP supervisor s{supervisor.index} whole, in a limited "
             f"body, its key's next job waiting ({len(frozen.victims)} running)"
@@ -500,7 +521,7 @@ class Workloads:
         from bench.models import Execution
         from django_jobstate.models import Job
 
-        if self.frozen is None or self.away is None or self.away[1] is not self.frozen[3]:
+        if self.frozen is None:
             return False
         pk = self.frozen[1]
 
@@ -518,16 +539,16 @@ class Workloads:
 
         return self.guarded(begun, False)
 
-    def thaw(self, fault: Any) -> bool:
-        """SIGCONT the frozen supervisor if `fault` is its freeze (for come_back())."""
-        if self.frozen is None or self.frozen[3] is not fault:
-            return False
+    def thaw(self) -> None:
+        """SIGCONT the supervisor stopped whole, if any."""
+        if self.frozen is None:
+            return
+        pgid, _, _, fault = self.frozen
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.frozen[0], signal.SIGCONT)
+            os.killpg(pgid, signal.SIGCONT)
         self.frozen = None
         fault.ended = self.db_now()
         print(f"  {self.clock()} SIGCONT of the stopped supervisor")
-        return True
 
     def sample_limits(self) -> None:
         """Per concurrency key, in one statement each: more slot holders, or running
