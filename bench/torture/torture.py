@@ -1018,7 +1018,9 @@ class Torture(workloads.Workloads):
 
         for pid in list(self.paused):
             self.resume(pid)
-        self.thaw()
+        while self.frozen is not None:  # until its rescue and the key's next body, as before
+            self.tick()
+            time.sleep(0.05)
         self.wait_until_back()  # the last outage or cut lasts as long as the others
         while len(self.live_supervisors(here=True)) < self.options.supervisors:
             self.start_supervisor()
