@@ -422,7 +422,17 @@ def check(
                 and overrun["failure_reason"] in (FailureReason.TIMEOUT, FailureReason.CANCELLED)
             ):
                 since = finished - timedelta(seconds=1)
-                if _cancellable(overrun) and not held(jobs, faults, wid, since, finished):
+                # On SQLite any writer SIGSTOPped inside a write holds every other writer,
+                # this worker's loop too when it writes (seen: a 6 s pause of another
+                # worker, then 5 neighbours lost at the deadline it could not cancel).
+                stalled = faults.one_write_lock and any(
+                    _overlaps(since, finished, p.stopped, p.resumed) for p in faults.pauses
+                )
+                if (
+                    _cancellable(overrun)
+                    and not held(jobs, faults, wid, since, finished)
+                    and not stalled
+                ):
                     beside_cancellable += 1
                     examples["lost_beside_async"].append(
                         f"{describe(j)}; beside job {overrun['id']}"
