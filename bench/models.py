@@ -27,6 +27,12 @@ class Execution(models.Model):
     # Set by a fast job of a mixed batch when its body returned (the database clock):
     # its success must be written soon after, whatever else its worker runs.
     returned_at = models.DateTimeField(null=True)
+    # Set by a body of a limited task as it ends: time.monotonic() just after its start was
+    # recorded and just before it returns (or raises). One clock for every process of the
+    # host (network namespaces share it) and no clock skew: which bodies of a concurrency
+    # key overlapped, whenever the write itself gets through.
+    body_start = models.FloatField(null=True)
+    body_end = models.FloatField(null=True)
 
     class Meta:
         app_label = "bench"

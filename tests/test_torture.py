@@ -11,7 +11,8 @@ runs several attempts at once (--in-flight), a third of the tasks async. Beside 
 its workloads (bench/torture/torture_workloads.py): cancels at random moments, a schedule ticking
 every second, unique tasks enqueued while the workers drain, batches of fast jobs with a
 slow one, rows locked by another connection, and the job table locked while attempts
-with a 1 s timeout run. Every must-be-zero figure of its report must be zero.
+with a 1 s timeout run, and tasks with concurrency limits (a limit of 1 per key, of 2 for
+a task) among the jobs. Every must-be-zero figure of its report must be zero.
 
 Below it, what torture runs found, each reproduced on purpose: a strict xfail while it is
 a bug, a plain test once fixed.
@@ -139,6 +140,9 @@ def test_torture_run_loses_nothing_and_runs_nothing_twice(tmp_path, reconnect_af
         "batch_late",
         "batch_lost",
         "claimed_locked",
+        "limit_over_sampled",
+        "limit_over_bodies",
+        "limit_held_free",
     }
     assert {k: figures[k] for k in must_be_zero if figures[k] != 0} == {}, output
     assert report["failed"] == [], output
@@ -164,6 +168,12 @@ def test_torture_run_loses_nothing_and_runs_nothing_twice(tmp_path, reconnect_af
     assert int(figures["batches"].split(" / ")[0]) >= 3, output
     assert figures["row_locks"] != "0 (0; 0)", output
     assert figures["table_locks"].startswith("1 "), output
+    # Limited tasks (part of --jobs) ran: the sampler saw them running (twice at once for
+    # the limit of 2, unless its samples missed it: never over a limit, figures above).
+    per_key, per_task = figures["limits"].split(" (")[0].split(" / ")
+    assert int(per_key.split(" over ")[0]) > 0, output
+    assert int(per_task) > 0, output
+    assert figures["limits"].endswith(("; 1 / 2)", "; 1 / 1)")), output
     sync, async_ = map(int, figures["in_flight_runs"].split(" / "))
     assert sync > 0, output
     assert async_ > 0, output

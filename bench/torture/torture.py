@@ -412,6 +412,7 @@ class Torture(workloads.Workloads):
         call_command("migrate", run_syncdb=True, verbosity=0)
         self.lost_after = float(settings.JOBSTATE_LOST_AFTER)
         self.offset = self._measure_offset()
+        self.faults.workload.mono_to_db = time.time() + self.offset - time.monotonic()
         if self.options.skew and self.options.db == "sqlite":
             print(
                 "  NOTE: no skewed clocks on SQLite: the app writes the times of a job with "
@@ -461,7 +462,7 @@ class Torture(workloads.Workloads):
         n_ugly = min(max(2, round(o.jobs * o.ugly_fraction)), o.jobs - n_overrun - n_gil)
         n_once = round(o.jobs * o.once_fraction)
         specs = []
-        for i in range(o.jobs):
+        for i in range(o.jobs - o.limited_jobs):  # the limited ones are part of --jobs
             if i < n_overrun:
                 specs.append((tt.overrun, tt.OVERRUN, 3.0, o.fail_rate))
             elif i < n_overrun + n_gil:  # half past a 1 s timeout, half with none of its own
@@ -492,6 +493,8 @@ class Torture(workloads.Workloads):
                         o.seed, kind, seconds, fail_rate
                     )
                     self.enqueued_ids.add(str(result.id))
+        if o.limited_jobs:
+            self.enqueue_limited(now, SPREAD * o.duration)
 
     # ----------------------------------------------------------- supervisors
 
@@ -567,6 +570,8 @@ class Torture(workloads.Workloads):
             group = os.getpgid(pid)
         except ProcessLookupError:
             return None
+        if self.frozen is not None and group == self.frozen[0]:
+            return None  # stopped whole (kill_limited): no other fault picks its workers
         return next((s for s in self.live_supervisors() if s.pid == group), None)
 
     def learn(self) -> None:
@@ -678,6 +683,10 @@ class Torture(workloads.Workloads):
                 self.resume(pid)
         if self.away is not None and time.monotonic() >= self.away[0]:
             self.come_back()
+        if self.frozen is not None and (
+            time.monotonic() >= self.frozen[2] or (self.table_conn is None and self.thawed())
+        ):
+            self.thaw()  # (not read while the job table is locked: as sample())
         for supervisor in self.supervisors:
             if not supervisor.killed and not supervisor.alive:
                 supervisor.killed = True  # not by us: count it, replace it
@@ -712,6 +721,8 @@ class Torture(workloads.Workloads):
             self.faults.samples += 1
             self.faults.multi_live.update(multi)
             self.faults.workload.unique_multi.update(self.guarded(keys, []))
+        if self.options.limited_jobs:
+            self.sample_limits()
 
     def pick_worker(self, *, deadline_within: float | None = None) -> tuple[int, str] | None:
         """A worker of a live supervisor on this host, not paused: mid-body if any, else
@@ -725,6 +736,11 @@ class Torture(workloads.Workloads):
             running = list(
                 Job.objects.running().values_list("worker_id", "result_id", "attempt", "timeout")
             )
+            limited.update(
+                Job.objects.running()
+                .filter(concurrency_key__isnull=False)
+                .values_list("result_id", "attempt")
+            )
             started = set(
                 Execution.objects.filter(result_id__in={r[1] for r in running}).values_list(
                     "result_id", "attempt"
@@ -732,6 +748,7 @@ class Torture(workloads.Workloads):
             )
             return beats, running, started
 
+        limited: set[tuple[Any, int]] = set()
         found = self.guarded(query, None)
         if found is None:
             return None
@@ -748,6 +765,12 @@ class Torture(workloads.Workloads):
         mid_body = {w for w, rid, attempt, _ in running if (rid, attempt) in started}
         busy = {w for w, _, _, _ in running}
         wanted_sets: list[set[str] | None] = [mid_body, busy, None]
+        # Half of the time, one in the body of a limited task first: its slot must stay
+        # taken until its attempt is rescued, and no longer.
+        if self.options.limited_jobs and self.rng.random() < 0.5:
+            wanted_sets.insert(
+                0, {w for w, rid, attempt, _ in running if (rid, attempt) in started & limited}
+            )
         if deadline_within is not None:
             short = {
                 w
@@ -800,10 +823,18 @@ class Torture(workloads.Workloads):
         from bench.torture.torture_check import Kill
 
         self.learn()
-        live = [s for s in self.live_supervisors(here=True) if s.prefix]
+        frozen = self.frozen and self.frozen[0]
+        live = [s for s in self.live_supervisors(here=True) if s.prefix and s.pid != frozen]
         if not live:
             return
-        victim = self.rng.choice(live)
+        # One running a limited body if any: its slot must stay taken until the attempt
+        # is failed as lost (the lost-after window), and no longer.
+        from django_jobstate.models import Job
+
+        limited = Job.objects.running().filter(concurrency_key__isnull=False)
+        busy = self.guarded(lambda: set(limited.values_list("worker_id", flat=True)), set())
+        preferred = [s for s in live if any(w.startswith(s.prefix or "") for w in busy)]
+        victim = self.rng.choice(preferred or live)
         assert victim.prefix is not None
         at = self.db_now()
         os.killpg(victim.pid, signal.SIGKILL)
@@ -987,6 +1018,9 @@ class Torture(workloads.Workloads):
 
         for pid in list(self.paused):
             self.resume(pid)
+        while self.frozen is not None:  # until its rescue and the key's next body, as before
+            self.tick()
+            time.sleep(0.05)
         self.wait_until_back()  # the last outage or cut lasts as long as the others
         while len(self.live_supervisors(here=True)) < self.options.supervisors:
             self.start_supervisor()
@@ -1024,6 +1058,7 @@ class Torture(workloads.Workloads):
         self.stop_threads(every=True)
         for pid in list(self.paused):
             self.resume(pid)
+        self.thaw()
         if self.away is not None:
             with contextlib.suppress(Exception):
                 self.come_back()

@@ -28,6 +28,7 @@ Why each check is sound:
   interpreter held beside it).
 - Locked rows. A row locked FOR UPDATE is never claimed while the lock is held (SKIP
   LOCKED), and runs once it is released (the drain: every task terminal).
+- Concurrency limits: torture_check_limits.py.
 """
 
 from __future__ import annotations
@@ -78,6 +79,9 @@ def workload_figures(
     figures |= _uniques(work, chains, executions, faults, examples)
     figures |= _batches(work, chains, ran, jobs, faults, examples)
     figures |= _locks(work, faults, jobs, chains, examples)
+    from bench.torture.torture_check_limits import limit_figures  # it imports torture_check
+
+    figures |= limit_figures(jobs, executions, faults, examples)
     in_flight = Counter(
         "async" if j["task_path"].endswith("_async") else "sync"
         for j in jobs
@@ -356,7 +360,8 @@ def _holder_held_by_a_fault(
         ):
             continue
         cut = any(
-            wid.startswith(c.prefix) and _overlaps(u.at, u.done, c.at, c.ended) for c in faults.cuts
+            wid.startswith(c.prefix) and _overlaps(u.at, u.done, c.at, c.ended)
+            for c in [*faults.cuts, *faults.freezes]
         )
         if cut or held(every, faults, wid, u.at, u.done):
             return True
@@ -382,7 +387,8 @@ def _stalled(
     breaks = [*faults.restarted_at, *(k.at for k in faults.connection_kills)]
     if any(start <= t <= end for t in breaks):
         return True
-    if any(wid.startswith(c.prefix) and _overlaps(start, end, c.at, c.ended) for c in faults.cuts):
+    cuts = [*faults.cuts, *faults.freezes]
+    if any(wid.startswith(c.prefix) and _overlaps(start, end, c.at, c.ended) for c in cuts):
         return True
     return held(jobs, faults, wid, start, end)
 

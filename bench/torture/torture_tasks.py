@@ -32,9 +32,12 @@ GIL_OVERRUN, GIL_HOLD, UGLY = "gil-overrun", "gil-hold", "ugly"
 # (BATCH_FAST bodies stamp when they returned), a schedule's TICK, and the DEADLINE
 # overruns whose timeouts fall in a table lock (OVERRUN's plan, their own kind).
 BATCH_FAST, BATCH_SLOW, TICK, DEADLINE = "batch-fast", "batch-slow", "tick", "deadline"
+# A body of a limited task (limited_per_key, limited_per_task): it sleeps, and stamps when
+# it ran (Execution.body_start/body_end) to show which bodies of a key overlapped.
+LIMITED = "limited"
 OVERRUN_KINDS = frozenset({OVERRUN, GIL_OVERRUN, DEADLINE})
 OK, FAIL = "ok", "fail"  # planned outcomes of an attempt (and OVERRUN)
-SLEEPERS = frozenset({SLEEP, BATCH_SLOW})
+SLEEPERS = frozenset({SLEEP, BATCH_SLOW, LIMITED})
 OVERRUN_TIMEOUT = 1.0
 
 
@@ -143,6 +146,7 @@ def body(context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: 
     result = context.task_result
     # First thing: a body paused after this line and resumed later does not record again.
     execution, attempt = record_start(result.id, context.attempt, result.worker_ids[-1])
+    began = time.monotonic()
     outcome = planned(seed, kind, result.id, attempt, fail_rate)
     first = attempt == 1
     if kind in (GIL_OVERRUN, GIL_HOLD) and first:
@@ -151,6 +155,8 @@ def body(context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: 
         time.sleep(seconds)  # an overrun sleeps past its timeout: its worker process ends
     if outcome == OVERRUN:  # still alive past the deadline: the timeout was not enforced
         Execution.objects.filter(pk=execution).update(ended_at=Now())
+    if kind == LIMITED:  # before it raises or returns: its worker writes the outcome after
+        Execution.objects.filter(pk=execution).update(body_start=began, body_end=time.monotonic())
     if outcome == FAIL:
         raise_planned(seed, kind, result.id, attempt)
     if kind == BATCH_FAST:  # when it returned, to compare with when its success was written
@@ -254,6 +260,23 @@ def unique_flaky(
     return body(context, seed, kind, seconds, fail_rate)
 
 
+# Concurrency limits (docs/howto/limits.md), enqueued in clumps due together with the rest
+# (torture.py): at most one body at once per `key`, at most two of the task at once.
+@task(takes_context=True, max_attempts=3, backoff=0.2, concurrency=1, concurrency_key=["key"])
+def limited_per_key(
+    context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: float, key: str = ""
+) -> int:
+    return body(context, seed, kind, seconds, fail_rate)
+
+
+@task(takes_context=True, max_attempts=3, backoff=0.2, concurrency=2)
+def limited_per_task(
+    context: TaskContext, seed: int, kind: str, seconds: float, fail_rate: float
+) -> int:
+    return body(context, seed, kind, seconds, fail_rate)
+
+
+LIMITED_TASKS = frozenset(t.module_path for t in (limited_per_key, limited_per_task))
 ASYNC_TWINS = {flaky: flaky_async, once: once_async, overrun: overrun_async, batched: batched_async}
 # The tasks of the main mix (bench/torture/torture.py's enqueue), which the cancels pick from.
 ORDINARY = frozenset(

@@ -17,12 +17,19 @@ is switched off by its own --no-... flag, and checked by torture_check_workloads
   SQLite, where there are no row locks, a read transaction as long) past the window;
 - a table lock while attempts with a 1 s timeout run: LOCK TABLE ... ACCESS EXCLUSIVE on
   PostgreSQL, LOCK TABLES ... WRITE on MariaDB, the write lock (BEGIN IMMEDIATE) on
-  SQLite, for the lost-after window.
+  SQLite, for the lost-after window;
+- concurrency limits: part of the --jobs are limited tasks (a limit of 1 per key over
+  LIMIT_KEYS keys, a limit of 2 for a task), enqueued with the rest in clumps due
+  together, so that most of them wait for a slot; the faults pick workers in their bodies
+  first half of the time; twice a pair of jobs of a key of their own whose first body is
+  killed or stopped with its whole supervisor (kill_limited). A sampler reads the slot
+  holders and the held rows five times a second (torture_check_limits.py has the checks).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
@@ -47,6 +54,11 @@ LOCKED_ROWS = 3
 DEADLINE_JOBS = 8  # attempts with a 1 s timeout started just before a table lock
 LOCK_WAIT = 40  # tries (0.25 s apart) for an attempt to start before the lock or kill
 TICK_SCHEDULE = "torture-tick"
+LIMIT_KEYS = 3  # the keys of limited_per_key (a limit of 1 each)
+# A clump of limited jobs due at one moment: two per key, three of limited_per_task.
+LIMIT_CLUMP = 2 * LIMIT_KEYS + 3
+LIMIT_PAIR_SECONDS = 2.0  # the body kill_limited() stops: it outlives the stop's rescue
+FREEZE_LONGEST = 8.0  # a supervisor stopped whole: the lost-after window, the rescue, slack
 
 
 @dataclass
@@ -103,6 +115,15 @@ class Workload:
     ticks_until: datetime | None = None  # ticks from here on are past the run
     row_locks_exclusive: bool = True  # False on SQLite: a read transaction, no row lock
     ticks: bool = False
+    # Concurrency limits, sampled: samples taken; keys seen with more slot holders or
+    # running rows than their limit, and held rows while their key had a free slot (one
+    # line each); the most running rows seen at once per key.
+    limit_samples: int = 0
+    limit_over: list[str] = field(default_factory=list)
+    limit_held_free: list[str] = field(default_factory=list)
+    limit_peaks: dict[str, int] = field(default_factory=dict)
+    # The database clock minus time.monotonic() (the bodies' stamps), in seconds.
+    mono_to_db: float = 0.0
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -116,6 +137,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--no-row-locks", action="store_true", help="no rows locked by another connection")
     add("--row-locks", type=int, help="default: duration/30, at least 1")
     add("--no-table-lock", action="store_true", help="no table lock during deadlines")
+    add("--no-limits", action="store_true", help="no tasks with concurrency limits")
+    add("--limited-jobs", type=int, help="of --jobs; default: jobs/33, at least 18")
 
 
 def resolve(options: argparse.Namespace) -> None:
@@ -128,6 +151,12 @@ def resolve(options: argparse.Namespace) -> None:
         count = getattr(options, name)
         setattr(options, name, 0 if off else default if count is None else count)
     options.table_lock = not options.no_table_lock
+    if options.no_limits:
+        options.limited_jobs = 0
+    elif options.limited_jobs is None:
+        options.limited_jobs = max(2 * LIMIT_CLUMP, round(options.jobs / 33))
+    # Part of --jobs, not more: a run with limits lasts as long as one without.
+    options.limited_jobs = min(options.limited_jobs, options.jobs // 2)
     options.ticks = not options.no_ticks
 
 
@@ -152,12 +181,21 @@ class Workloads:
         self.lock_tries = 0
         self.deadline_ids: list[str] | None = None
         self.table_conn: Any = None
+        self.limit_pair: str | None = None  # the first job of kill_limited()'s pair
+        self.limit_tries = 0
+        self.limit_froze = False
+        # A supervisor SIGSTOPped whole: its process group, the limited attempt it ran,
+        # when to SIGCONT it at the latest (time.monotonic()), and its Cut (in
+        # Faults.freezes). Other faults go on meanwhile, but none picks its workers.
+        self.frozen: tuple[int, int, float, Any] | None = None
 
     def workload_events(self, duration: float) -> list[tuple[float, str]]:
         o, rng, d = self.options, self.rng, duration
         events = [(rng.uniform(0.05, 0.85) * d, "cancel") for _ in range(o.cancels)]
         events += [(rng.uniform(0.05, 0.75) * d, "mixed_batch") for _ in range(o.mixed_batches)]
         events += [(rng.uniform(0.05, 0.8) * d, "lock_rows") for _ in range(o.row_locks)]
+        if o.limited_jobs:
+            events += [(rng.uniform(0.1, 0.5) * d, "kill_limited") for _ in range(2)]
         return events
 
     # ----------------------------------------------------------------- cancels
@@ -340,6 +378,234 @@ class Workloads:
                 f"({len(kill.victims)} running)"
             )
         return not self.pending_kills
+
+    # ------------------------------------------------------- concurrency limits
+
+    def enqueue_limited(self, now: datetime, spread: float) -> None:
+        """The limited jobs, in clumps due together over the first half of `spread`
+        seconds from `now`: a key runs its clump one job after another, retries at the
+        back, and must be done by the end of the faults, not lengthen the drain."""
+        from django.db import transaction
+
+        from bench.torture import torture_tasks as tt
+
+        o = self.options
+        rng = random.Random(f"{o.seed}/limits")
+        n, clumps = o.limited_jobs, max(1, -(-o.limited_jobs // LIMIT_CLUMP))
+        with transaction.atomic():
+            for i in range(n):
+                if i % LIMIT_CLUMP == 0:
+                    due = now + timedelta(seconds=rng.uniform(0, 0.5 * spread))
+                seconds = round(rng.uniform(0.2, 0.8), 2)
+                slot = i % LIMIT_CLUMP
+                task = tt.limited_per_key if slot < 2 * LIMIT_KEYS else tt.limited_per_task
+                keyed = {"key": f"c{slot % LIMIT_KEYS}"} if task is tt.limited_per_key else {}
+                result = task.using(run_after=due).enqueue(
+                    o.seed, tt.LIMITED, seconds, o.fail_rate, **keyed
+                )
+                self.enqueued_ids.add(str(result.id))
+        print(f"  {self.clock()} {n} limited jobs enqueued in {clumps} clumps")
+
+    def kill_limited(self) -> bool:
+        """Enqueue a pair of limited jobs of a key of their own, due now and ahead of the
+        rest (a body of LIMIT_PAIR_SECONDS, then one of 1 s), wait until the first runs
+        its body (False meanwhile, for up to 2 * LOCK_WAIT tries), then SIGSTOP its whole
+        supervisor (once, if may_freeze(); not on SQLite, where a process stopped inside a
+        write holds every writer back, the rescuer too), else SIGKILL its worker. Killed, the
+        slot stays taken until its supervisor fails the attempt; stopped, until another
+        fails it as lost (the lost-after window): the second job runs then, while the
+        first body is still alive, and the stop ends once that second body began, so
+        that both run at once: an overlap after a rescue (the database bounds rows, not
+        processes). The supervisor kill and the other faults fall on the limited bodies
+        of the clumps when their picks do (they prefer them)."""
+        from bench.models import Execution
+        from bench.torture import torture_tasks as tt
+        from bench.torture.torture_check import Kill
+        from django_jobstate.models import Job, WorkerHeartbeat
+
+        o = self.options
+        if self.limit_pair is None:
+            task = tt.limited_per_key.using(priority=10)
+            key = f"pair{len(self.enqueued_ids)}"
+            first = task.enqueue(o.seed, tt.LIMITED, LIMIT_PAIR_SECONDS, 0.0, key=key)
+            second = task.enqueue(o.seed, tt.LIMITED, 1.0, 0.0, key=key)
+            self.enqueued_ids.update([str(first.id), str(second.id)])
+            self.limit_pair = str(first.id)
+            return False
+
+        def query() -> tuple[int, str, int] | None:
+            job = Job.objects.running().filter(result_id=self.limit_pair).first()
+            if job is None or not Execution.objects.filter(
+                result_id=job.result_id, attempt=job.attempt
+            ):
+                return None
+            beat = WorkerHeartbeat.objects.filter(worker_id=job.worker_id).first()
+            return None if beat is None else (beat.pid, job.worker_id, job.pk)
+
+        found = self.guarded(query, None)
+        supervisor = found and self.owner(found[0])
+        self.limit_tries += 1
+        if not found or not supervisor or supervisor.host or found[0] in self.paused:
+            if found:  # on the partitioned host, or paused: another pair
+                self.limit_pair = None
+            if self.limit_tries < 2 * LOCK_WAIT:
+                return False
+            print(f"  {self.clock()} no limited pair's first body ran here: no stop")
+            self.limit_pair, self.limit_tries = None, 0
+            return True
+        pid, worker_id, pk = found
+        # A stop first (once it held, kills), where one may be made: else another pair.
+        freeze = not self.limit_froze and o.db != "sqlite"
+        if freeze and not self.may_freeze(supervisor):
+            if self.limit_tries < 2 * LOCK_WAIT:
+                self.limit_pair = None
+                return False
+            freeze = False
+        self.limit_tries = 0
+        if freeze and not self.freeze(supervisor, pk):  # its body ended before the stop
+            self.limit_pair = None
+            return True
+        self.limit_pair = None
+        if freeze:
+            self.limit_froze = True
+            return True
+        at = self.db_now()
+        os.kill(pid, signal.SIGKILL)
+        kill = Kill("worker", worker_id, at, self.victims(at, worker_id=worker_id))
+        self.faults.kills.append(kill)
+        print(
+            f"  {self.clock()} SIGKILL worker {worker_id} in a limited body, its key's next "
+            f"job waiting ({len(kill.victims)} running)"
+        )
+        return True
+
+    def may_freeze(self, supervisor: Any) -> bool:
+        """Not a supervisor running an overrun or a held interpreter: stopped past its
+        deadline, its body would go on past it. (A plain attempt whose deadline falls in
+        the stop is failed late by its own supervisor once resumed: listed apart.)"""
+        from bench.torture import torture_tasks as tt
+        from django_jobstate.models import Job
+
+        def safe() -> bool:
+            running = Job.objects.running().filter(worker_id__startswith=supervisor.prefix)
+            rows = running.exclude(task_path__in=tt.LIMITED_TASKS).values_list("args", flat=True)
+            return not any(args[1] in tt.OVERRUN_KINDS | {tt.GIL_HOLD} for args in rows)
+
+        return self.guarded(safe, False)
+
+    def freeze(self, supervisor: Any, pk: int) -> bool:
+        """SIGSTOP `supervisor` whole while attempt `pk` runs; False (and SIGCONT at once)
+        if that attempt had ended before the stop."""
+        from bench.torture.torture_check import Cut
+        from django_jobstate.models import Job
+
+        at = self.db_now()
+        os.killpg(supervisor.pid, signal.SIGSTOP)
+        frozen = Cut(
+            supervisor.prefix, at, self.victims(at, worker_id__startswith=supervisor.prefix)
+        )
+        self.faults.freezes.append(frozen)
+        # Until the key's next body began elsewhere (thawed()), or this long at most.
+        self.frozen = (supervisor.pid, pk, time.monotonic() + FREEZE_LONGEST, frozen)
+        if pk not in frozen.victims or not self.guarded(
+            Job.objects.running().filter(pk=pk).exists, False
+        ):
+            self.thaw()
+            return False
+        print(
+            f"  {self.clock()} SIGSTOP supervisor s{supervisor.index} whole, in a limited "
+            f"body, its key's next job waiting ({len(frozen.victims)} running)"
+        )
+        return True
+
+    def thawed(self) -> bool:
+        """Was the frozen attempt failed (rescued), and has a job of its key begun its
+        body since?"""
+        from bench.models import Execution
+        from django_jobstate.models import Job
+
+        if self.frozen is None:
+            return False
+        pk = self.frozen[1]
+
+        def begun() -> bool:
+            row = Job.objects.filter(pk=pk).values("concurrency_key", "finished_at").first()
+            if row is None or row["finished_at"] is None:
+                return False
+            rows = Job.objects.filter(
+                concurrency_key=row["concurrency_key"], started_at__gte=row["finished_at"]
+            ).exclude(pk=pk)
+            return any(
+                Execution.objects.filter(result_id=rid, attempt=n).exists()
+                for rid, n in rows.values_list("result_id", "attempt")
+            )
+
+        return self.guarded(begun, False)
+
+    def thaw(self) -> None:
+        """SIGCONT the supervisor stopped whole, if any."""
+        if self.frozen is None:
+            return
+        pgid, _, _, fault = self.frozen
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGCONT)
+        self.frozen = None
+        fault.ended = self.db_now()
+        print(f"  {self.clock()} SIGCONT of the stopped supervisor")
+
+    def sample_limits(self) -> None:
+        """Per concurrency key, in one statement each: more slot holders, or running
+        rows, than the limit; held rows while the key has a free slot (a finish hands its
+        slot on in its own transaction: never seen between the two)."""
+        from django.db.models import Count, F, Max, OuterRef, Q, Subquery
+        from django.db.models.functions import Coalesce
+
+        from django_jobstate.limits import HELD, HOLDS_SLOT
+        from django_jobstate.models import Job
+        from django_jobstate.states import State
+
+        work = self.faults.workload
+
+        def holders() -> list[dict[str, Any]]:
+            rows = Job.objects.filter(HOLDS_SLOT).order_by().values("concurrency_key")
+            return list(
+                rows.annotate(
+                    n=Count("pk"),
+                    running=Count("pk", filter=Q(state=State.RUNNING)),
+                    limit=Max("concurrency_limit"),
+                )
+            )
+
+        def held_free() -> list[tuple[int, str, int, int]]:
+            count = (
+                Job.objects.filter(HOLDS_SLOT, concurrency_key=OuterRef("concurrency_key"))
+                .order_by()
+                .values("concurrency_key")
+                .annotate(c=Count("pk"))
+                .values("c")
+            )
+            held = Job.objects.filter(HELD).annotate(holders=Coalesce(Subquery(count), 0))
+            rows = held.filter(holders__lt=F("concurrency_limit"))
+            return list(rows.values_list("pk", "concurrency_key", "holders", "concurrency_limit"))
+
+        found = self.guarded(holders, None)
+        free = self.guarded(held_free, None)
+        if found is None or free is None:
+            return
+        work.limit_samples += 1
+        at = self.db_now()
+        for row in found:
+            key = row["concurrency_key"]
+            work.limit_peaks[key] = max(work.limit_peaks.get(key, 0), row["running"])
+            if max(row["n"], row["running"]) > row["limit"]:
+                work.limit_over.append(
+                    f"{at}: key {key[:12]} had {row['n']} slot holders, {row['running']} "
+                    f"running, for a limit of {row['limit']}"
+                )
+        work.limit_held_free += [
+            f"{at}: job {pk} held while key {key[:12]} had {n} of {limit} slots taken"
+            for pk, key, n, limit in free
+        ]
 
     # ------------------------------------------------------------ locked rows
 
