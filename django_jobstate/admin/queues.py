@@ -13,14 +13,8 @@ from django.utils.translation import gettext_lazy, ngettext
 
 from ..models import Job, JobQueue
 from ..queue_names import known_queues
+from .filters import capped_count, display_count
 from .queue_limits import QueueLimitsForm
-
-COUNT_CAP = 10_000  # counts stop there, as the job list's do
-
-
-def capped_count(jobs: QuerySet[Job]) -> str:
-    count = jobs[: COUNT_CAP + 1].count()
-    return f"{COUNT_CAP:,}+" if count > COUNT_CAP else f"{count:,}"
 
 
 @admin.register(JobQueue)
@@ -75,11 +69,15 @@ class JobQueueAdmin(admin.ModelAdmin):
 
     @admin.display(description=gettext_lazy("queued"))
     def queued(self, queue: JobQueue) -> str:
-        return capped_count(Job.objects.queued().filter(queue_name=queue.name))
+        # Two index ranges: the runnable index's (rows held by a concurrency limit are
+        # not in it) and the held rows'; one count over both would read neither.
+        waiting = Job.objects.queued().filter(queue_name=queue.name)
+        held = waiting.filter(hold__isnull=False)  # as the held rows' index says it
+        return display_count(capped_count(waiting.filter(hold=None)), capped_count(held))
 
     @admin.display(description=gettext_lazy("running"))
     def running(self, queue: JobQueue) -> str:
-        return capped_count(Job.objects.running().filter(queue_name=queue.name))
+        return display_count(capped_count(Job.objects.running().filter(queue_name=queue.name)))
 
     @admin.action(description=gettext_lazy("Pause the selected queues"), permissions=["change"])
     def pause(self, request: HttpRequest, queryset: QuerySet[JobQueue]) -> None:

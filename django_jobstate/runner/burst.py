@@ -47,7 +47,14 @@ class BurstEnd:
         """Whether nothing is left to claim now or within BURST_HORIZON (call it after a
         claim that found nothing: the runnable jobs it sees were passed over)."""
         paused = JobQueue.objects.paused().values("name")
-        jobs = Job.objects.queued().for_queues(self.queues).exclude(queue_name__in=paused)
+        # Not those a concurrency limit holds (out of the runnable index, which serves
+        # this): a finish releases them, and a run waits for the finishes it runs.
+        jobs = (
+            Job.objects.queued()
+            .filter(hold=None)
+            .for_queues(self.queues)
+            .exclude(queue_name__in=paused)
+        )
         runnable = Job.objects.runnable(self.queues).order_by("-priority", "run_after", "pk")
         later = jobs.filter(
             run_after__gt=Now(), run_after__lte=Now() + timedelta(seconds=BURST_HORIZON)

@@ -90,11 +90,17 @@ def live_counts() -> list[tuple[list[str], int]]:
     from ..states import State
 
     counts = {(q, s): 0 for q in _known_queues() for s in (State.QUEUED, State.RUNNING)}
-    # One query per partial index (jobstate_job_runnable, jobstate_job_running).
-    live = ((State.QUEUED, Job.objects.queued()), (State.RUNNING, Job.objects.running()))
+    # One query per partial index (jobstate_job_runnable, jobstate_job_held: the rows a
+    # concurrency limit holds are not in the runnable one; jobstate_job_running).
+    queued = Job.objects.queued()
+    live = (
+        (State.QUEUED, queued.filter(hold=None)),
+        (State.QUEUED, queued.filter(hold__isnull=False)),  # as the held index says it
+        (State.RUNNING, Job.objects.running()),
+    )
     for state, rows in live:
         for queue, n in rows.order_by().values_list("queue_name").annotate(n=Count("pk")):
-            counts[(queue, state)] = n
+            counts[(queue, state)] = counts.get((queue, state), 0) + n
     return [([q, str(s)], n) for (q, s), n in sorted(counts.items())]
 
 
