@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from django.conf import settings
+from django.contrib import admin
 from django.db import connection
 from django.test import modify_settings
 from django.utils import timezone
@@ -55,6 +56,12 @@ def tasks_db(transactional_db: None) -> Iterator[Any]:
         finally:
             with connection.schema_editor() as editor:
                 editor.delete_model(DBTaskResult)
+            # Installing the app ran the admin's autodiscover, which registered its model
+            # on the admin site for good: every later admin page would list an app that is
+            # no longer installed (LookupError).
+            for model in list(admin.site._registry):
+                if model._meta.app_label == DBTaskResult._meta.app_label:
+                    admin.site.unregister(model)
 
 
 def guide_move() -> Callable[..., dict[str, str]]:
