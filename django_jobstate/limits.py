@@ -24,7 +24,7 @@ from django.utils.translation import gettext_lazy as _
 from .payload import encode_payload
 from .states import State
 from .tasksapi import InvalidTask, Task
-from .uniqueness import _digest, _parameters
+from .uniqueness import _digest, refuse_unknown_parameters
 
 # A SMALLINT column holds the limit and the slot.
 MAX_CONCURRENCY = 32767
@@ -66,14 +66,7 @@ def validate_concurrency(task: Task) -> None:
             f"concurrency_key of task {name!r} must be a non-empty list of its parameters' "
             f"names, not {params!r} (leave it out to limit the task as a whole)."
         )
-    known = _parameters(task)
-    unknown = [p for p in params if p not in known]
-    if unknown:
-        raise InvalidTask(
-            f"concurrency_key of task {name!r} names {', '.join(map(repr, unknown))}, which "
-            f"{'is not a parameter' if len(unknown) == 1 else 'are not parameters'} "
-            f"of {task.name}(); its parameters are: {', '.join(known) or 'none'}."
-        )
+    refuse_unknown_parameters(task, "concurrency_key", params)
 
 
 def is_limited(task: Task) -> bool:

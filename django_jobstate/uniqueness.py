@@ -62,14 +62,7 @@ def validate_unique(task: Task) -> None:
                 f"unique of task {name!r} names no parameter: use unique=True to key on "
                 f"the task alone with all its arguments."
             )
-        params = _parameters(task)
-        unknown = [p for p in unique if p not in params]
-        if unknown:
-            raise InvalidTask(
-                f"unique of task {name!r} names {', '.join(map(repr, unknown))}, which "
-                f"{'is not a parameter' if len(unknown) == 1 else 'are not parameters'} "
-                f"of {task.name}(); its parameters are: {', '.join(params) or 'none'}."
-            )
+        refuse_unknown_parameters(task, "unique", unique)
     scope = getattr(task, "unique_scope", UniqueScope.LIVE)
     if scope not in UniqueScope.values:
         raise InvalidTask(
@@ -134,3 +127,15 @@ def _digest(text: str) -> str:
 def _parameters(task: Task) -> list[str]:
     names = list(inspect.signature(task.func).parameters)
     return names[1:] if task.takes_context else names
+
+
+def refuse_unknown_parameters(task: Task, option: str, names: Sequence[str]) -> None:
+    """InvalidTask if `option` (unique, concurrency_key) names a parameter `task` lacks."""
+    known = _parameters(task)
+    unknown = [p for p in names if p not in known]
+    if unknown:
+        raise InvalidTask(
+            f"{option} of task {task.module_path!r} names {', '.join(map(repr, unknown))}, "
+            f"which {'is not a parameter' if len(unknown) == 1 else 'are not parameters'} "
+            f"of {task.name}(); its parameters are: {', '.join(known) or 'none'}."
+        )
