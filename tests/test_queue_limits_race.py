@@ -63,9 +63,11 @@ def test_two_supervisors_never_run_more_than_the_queue_limit(runjobs):
 
 
 def test_a_limit_changed_at_run_time_reaches_running_workers(runjobs):
-    backend.bulk_enqueue(reports, [((f"r{i}", 0.2), {}) for i in range(14)])
+    # Jobs long enough that several run at once even on a loaded machine (0.2 s and four
+    # at once: SQLite in CI ran them all without a sample seeing four).
+    backend.bulk_enqueue(reports, [((f"r{i}", 0.4), {}) for i in range(20)])
     supervisors = [runjobs.start("--concurrency", "4") for _ in range(2)]
-    wait_for(lambda: running("reports") >= 4, "several jobs of the queue to run", every=0.02)
+    wait_for(lambda: running("reports") >= 3, "several jobs of the queue to run", every=0.02)
     call_command("jobqueues", "limit", "reports", "--concurrency", "1", stdout=io.StringIO())
     # Those running finish; from then on, one at a time.
     before = list(Job.objects.filter(state=State.RUNNING).values_list("pk", flat=True))
@@ -83,7 +85,7 @@ def test_a_limit_changed_at_run_time_reaches_running_workers(runjobs):
     wait_for(one_at_a_time, "every job to finish", every=0.02)
     for proc in supervisors:
         runjobs.stop(proc)
-    assert Job.objects.filter(state=State.SUCCEEDED).count() == 14
+    assert Job.objects.filter(state=State.SUCCEEDED).count() == 20
 
 
 def test_a_rate_holds_over_the_run(runjobs):
