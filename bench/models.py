@@ -5,7 +5,7 @@ The `bench` app is installed only by bench/torture/torture_settings.py.
 
 from django.db import models
 
-from django_jobstate.dbclock import Now  # UTC on MariaDB too, as the jobs' times
+from django_jobstate.db.clock import Now  # UTC on MariaDB too, as the jobs' times
 
 
 class Execution(models.Model):

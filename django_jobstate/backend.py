@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from typing import TYPE_CHECKING, Any, cast
 
 from django.apps import apps
@@ -12,13 +13,13 @@ from django.core.checks import CheckMessage, Error
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.db import OperationalError
 
-from .conf import Settings, get_settings
-from .limits import concurrency_key, is_limited
+from .conf import Settings
 from .loading import check_loadable
 from .loading import load_task as load_task  # re-exported: worker.py imports it from here
 from .states import FailureReason, State
 from .task_options import JobStateTask as JobStateTask  # the public path of the task class
 from .task_options import validate_options, validate_queue, with_settings
+from .task_options.plan import Plan, Plans, make_plan
 from .tasksapi import (
     TASK_REFRESH_ATTRS,
     BaseTaskBackend,
@@ -33,7 +34,6 @@ from .tasksapi import (
 )
 from .testing import DummyBackend as DummyBackend  # the test settings' backends
 from .testing import ImmediateBackend as ImmediateBackend
-from .uniqueness import UniqueScope, is_unique, unique_key
 
 if TYPE_CHECKING:
     from .models import Job
@@ -88,24 +88,20 @@ class JobStateBackend(BaseTaskBackend):
 
         Not part of django.tasks: a fast path for enqueueing thousands of jobs.
         """
-        task = with_settings(task)  # JOBSTATE_TASK_OPTIONS' options win over @task's
-        self.validate_task(task)
-        check_loadable(task)
-        if not apps.is_installed("django_jobstate"):
-            raise ImproperlyConfigured(_NOT_INSTALLED.format(alias=self.alias))
+        plan = self._plans.get(task, self._plan)
+        task = plan.task
         from .models import Job
 
-        defaults = get_settings()
         calls = list(calls)
-        if defaults.TRACING:
+        if plan.tracing:
             from .telemetry.tracing import producer_span
 
             with producer_span(task, len(calls)) as (span, trace_context):
-                jobs = self._enqueue(task, calls, defaults, trace_context)
+                jobs = self._enqueue(plan, calls, trace_context)
                 if len(jobs) == 1:
                     span.set_attribute("messaging.message.id", str(jobs[0].result_id))
         else:
-            jobs = self._enqueue(task, calls, defaults, None)
+            jobs = self._enqueue(plan, calls, None)
         results = []
         for job in jobs:
             if job.deduplicated:  # the live task that holds the key, with all its attempts
@@ -120,44 +116,44 @@ class JobStateBackend(BaseTaskBackend):
             results.append(result)
         return results
 
+    @cached_property
+    def _plans(self) -> Plans:
+        return Plans()
+
+    def _plan(self, task: Task, settings: Settings) -> Plan:
+        """Check `task` (with JOBSTATE_TASK_OPTIONS applied) and work out its options: once
+        per task object and settings (task_plan.py)."""
+        task = with_settings(task)  # JOBSTATE_TASK_OPTIONS' options win over @task's
+        self.validate_task(task)
+        check_loadable(task)
+        if not apps.is_installed("django_jobstate"):
+            raise ImproperlyConfigured(_NOT_INSTALLED.format(alias=self.alias))
+        return make_plan(task, settings, self.alias)
+
     def _enqueue(
         self,
-        task: Task,
+        plan: Plan,
         calls: list[tuple[Sequence[Any], dict[str, Any]]],
-        defaults: Settings,
         trace_context: dict[str, Any] | None,
+        links: Any = None,  # managers.deps.Links: depends_on, or a workflow's step
     ) -> list[Job]:
+        from .managers.deps import Links, as_result_ids
         from .models import Job
 
-        unique: dict[str, Any] = {}
-        if is_unique(task):
-            unique = {
-                "unique_keys": [unique_key(task, args, kwargs) for args, kwargs in calls],
-                "unique_scope": UniqueScope(getattr(task, "unique_scope", UniqueScope.LIVE)),
-                "raise_duplicates": getattr(task, "on_duplicate", "return") == "raise",
-            }
-        limited: dict[str, Any] = {}
-        if is_limited(task):  # limits.py
-            limited["concurrency_keys"] = [concurrency_key(task, a, k) for a, k in calls]
-            limited["concurrency_limit"] = task.concurrency  # type: ignore[attr-defined]
+        task = plan.task
+        if links is None and (depends_on := getattr(task, "depends_on", None)) is not None:
+            links = Links(depends_on=as_result_ids(depends_on))
         try:
             return Job.objects.enqueue_many(
                 task.module_path,
                 calls,
-                queue_name=task.queue_name,
-                priority=task.priority,
-                run_after=task.run_after,
-                backend=self.alias,
-                max_attempts=_option(task, "max_attempts", defaults.DEFAULT_MAX_ATTEMPTS),
-                backoff=_option(task, "backoff", defaults.DEFAULT_BACKOFF),
-                timeout=_option(task, "timeout", defaults.DEFAULT_TIMEOUT),
-                metadata=getattr(task, "metadata", None),
+                **plan.options,
                 trace_context=trace_context,
-                **unique,
-                **limited,
+                links=links,
+                **plan.per_call(calls),
             )
         except OperationalError as exc:
-            if unique and getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:
+            if plan.unique and getattr(exc.__cause__, "sqlstate", None) == SERIALIZATION_FAILURE:
                 raise OperationalError(
                     f"Enqueueing unique task {task.module_path!r} met a job with its key that "
                     f"another transaction wrote after this transaction's snapshot was taken "
@@ -243,11 +239,6 @@ class JobStateTaskResult(TaskResult):  # type: ignore[misc]  # frozen at runtime
     def _update(self, refreshed: TaskResult) -> None:
         for attr in (*TASK_REFRESH_ATTRS, "metadata"):
             object.__setattr__(self, attr, getattr(refreshed, attr))
-
-
-def _option(task: Task, name: str, default: Any) -> Any:
-    value = getattr(task, name, None)
-    return default if value is None else value
 
 
 def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskResult:

@@ -93,10 +93,13 @@ def _bounded(name: str, value: Any) -> Any:
     return value if value <= limit else limit
 
 
-def reload_settings(*, setting: str, **kwargs: Any) -> None:
-    """Receiver of setting_changed (connected in JobStateConfig.ready())."""
-    if setting.startswith("JOBSTATE_"):
-        get_settings.cache_clear()
+def reload_settings(**kwargs: Any) -> None:
+    """Receiver of setting_changed (connected in JobStateConfig.ready()).
+
+    Any setting, not only JOBSTATE_*: what enqueue() works out once per task (task_plan.py)
+    holds while get_settings() returns the same object, and it depends on TASKS and
+    INSTALLED_APPS too."""
+    get_settings.cache_clear()
 
 
 # Ages: prunejobs --older-than and JOBSTATE_RETENTION.

@@ -116,6 +116,18 @@ class JobCancelled(Exception):
 # How an error is stored on a failed attempt (describe_error()).
 
 
+class UpstreamFailed(Exception):
+    """A task this one depends on failed for good: it never started (upstream_failed)."""
+
+
+class UpstreamCancelled(JobCancelled):
+    """A task this one depends on was cancelled: it was cancelled too, never started."""
+
+
+class UnknownDependency(ValueError):
+    """depends_on names a result id that no job has."""
+
+
 def class_path(exc: BaseException) -> str:
     return f"{type(exc).__module__}.{type(exc).__qualname__}"
 

@@ -9,7 +9,7 @@ from django.db import connections, models
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .dbclock import Now
+from .db.clock import Now
 from .managers.conflicts import retries_conflicts
 
 

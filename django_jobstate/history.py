@@ -21,7 +21,7 @@ from django.db.models import Count, Max, Min, Q, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from .dbclock import Now
+from .db.clock import Now
 from .querysets import JobQuerySet
 from .states import FailureReason, State
 

@@ -1,5 +1,5 @@
 """The Job table: one row per attempt of a task (the other tables: heartbeats.py,
-queues.py, schedules/model.py)."""
+queues.py, schedules/model.py, limits/fields.py, workflows/fields.py)."""
 
 from datetime import timedelta
 
@@ -7,26 +7,32 @@ from django.db import models
 from django.db.models import F, Q
 from django.utils.translation import gettext_lazy as _
 
-# The other tables, each in the module of its writes (imported here: Django finds an app's
-# models in its models module).
-from . import concurrency, db_indexes
-from .concurrency import ConcurrencyLock as ConcurrencyLock
+# The other tables, each in its own module (Django finds an app's models in this one).
+from .db import indexes as db_indexes
 from .heartbeats import WorkerHeartbeat as WorkerHeartbeat
+from .limits import fields as limit_fields
+from .limits.fields import ConcurrencyLock as ConcurrencyLock
+from .limits.fields import TaskRate as TaskRate
 from .managers import JobManager
 from .queues import JobQueue as JobQueue
 from .schedules.model import Schedule as Schedule
 from .states import LIVE_STATES, FailureReason, State
 from .uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
+from .workflows.fields import JobDependency as JobDependency
+from .workflows.fields import WorkflowFields
 
 _STARTED = Q(started_at__isnull=False, worker_id__isnull=False)
 _NOT_FAILED = Q(failure_reason="")
 _CANCELLED = Q(failure_reason=FailureReason.CANCELLED)
+_DEFAULT: dict = {"default": "default", "db_default": "default"}
+_NEVER_STARTED = Q(failure_reason__in=[FailureReason.CANCELLED, FailureReason.UPSTREAM_FAILED])
 
 
-class Job(concurrency.ConcurrencyFields):
+class Job(limit_fields.ConcurrencyFields, WorkflowFields):
     """One attempt of one enqueued task; its next attempt, if any, is a new row.
 
-    Its concurrency limit's columns come from ConcurrencyFields (concurrency.py)."""
+    Its concurrency limit's columns come from ConcurrencyFields (limits/fields.py), its
+    dependencies' from WorkflowFields (workflows/fields.py)."""
 
     State = State
     FailureReason = FailureReason
@@ -55,12 +61,8 @@ class Job(concurrency.ConcurrencyFields):
     task_path = models.CharField(_("task"), max_length=255, editable=False)
     args = models.JSONField(_("args"), default=list, editable=False)
     kwargs = models.JSONField(_("kwargs"), default=dict, editable=False)
-    backend = models.CharField(
-        _("backend alias"), max_length=100, default="default", db_default="default"
-    )
-    queue_name = models.CharField(
-        _("queue"), max_length=100, default="default", db_default="default"
-    )
+    backend = models.CharField(_("backend alias"), max_length=100, **_DEFAULT)
+    queue_name = models.CharField(_("queue"), max_length=100, **_DEFAULT)
     priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
     run_after = models.DateTimeField(_("run after"))
     max_attempts = models.SmallIntegerField(_("max attempts"), default=1, db_default=1)
@@ -119,8 +121,7 @@ class Job(concurrency.ConcurrencyFields):
     )
     scheduled_for = models.DateTimeField(_("scheduled for"), null=True, blank=True, editable=False)
 
-    # True on the live job that an enqueue of a unique key returned instead of a new one.
-    deduplicated = False
+    deduplicated = False  # True on the live job a unique key's enqueue returned instead
     # What the task says of itself ("42 of 100 rows"): set at enqueue, saved by the task
     # while it runs (JobStateContext.save_metadata), copied to the next attempt.
     metadata = models.JSONField(
@@ -169,13 +170,13 @@ class Job(concurrency.ConcurrencyFields):
                 | _STARTED & Q(finished_at__isnull=False) & _NOT_FAILED,
                 name="jobstate_job_succeeded_fields",
             ),
-            # Failed: started by a worker, or cancelled while queued (never started); a
-            # cancelled attempt was asked to be.
+            # Failed: started by a worker, or cancelled or failed upstream while queued
+            # (never started); a cancelled attempt was asked to be.
             models.CheckConstraint(
                 condition=~Q(state=State.FAILED)
                 | Q(finished_at__isnull=False)
                 & ~_NOT_FAILED
-                & (_STARTED | Q(started_at=None, worker_id=None) & _CANCELLED)
+                & (_STARTED | Q(started_at=None, worker_id=None) & _NEVER_STARTED)
                 & (~_CANCELLED | Q(cancel_requested_at__isnull=False)),
                 name="jobstate_job_failed_fields",
             ),
@@ -229,7 +230,8 @@ class Job(concurrency.ConcurrencyFields):
                 )
                 for scope in UniqueScope
             ),
-            *concurrency.CONSTRAINTS,
+            *limit_fields.CONSTRAINTS,
+            *WorkflowFields.CONSTRAINTS,
         ]
         indexes = [
             # The claim's candidates, per queue in the claim's order; only queued rows are
@@ -237,7 +239,7 @@ class Job(concurrency.ConcurrencyFields):
             # backlog (a claim from several merges their heads: managers/claim.py). The
             # order is all ascending (-priority, not priority DESC), so that a claim can
             # start from a key: JobManager.claim(from_key=...). Rows held by a concurrency
-            # limit are not in it (concurrency.py): a claim never walks them.
+            # limit are not in it (limits/fields.py): a claim never walks them.
             db_indexes.Index(
                 F("queue_name"),
                 -F("priority"),
@@ -276,7 +278,8 @@ class Job(concurrency.ConcurrencyFields):
                 condition=Q(finished_at__isnull=False),
                 name="jobstate_job_by_finished",
             ),
-            *concurrency.INDEXES,
+            *limit_fields.INDEXES,
+            *WorkflowFields.INDEXES,
         ]
 
     def __str__(self) -> str:
@@ -292,8 +295,6 @@ class Job(concurrency.ConcurrencyFields):
 
     @property
     def duration(self) -> timedelta | None:
-        if self.started_at is None:
-            return None
-        if self.finished_at is None:
+        if self.started_at is None or self.finished_at is None:
             return None
         return self.finished_at - self.started_at

@@ -39,12 +39,30 @@ def encode_payload(value: Any, what: str) -> tuple[Any, str]:
             f"{what} take {size:,} bytes as JSON, more than "
             f"JOBSTATE_MAX_PAYLOAD_BYTES ({limit:,}). Store large data elsewhere and pass its key."
         )
-    decoded = json.loads(text)
+    decoded = _copy_if_flat(value)
+    if decoded is None:
+        decoded = json.loads(text)
     # Only a text with an escaped NUL, or with enough brackets to be that deep, needs a look.
     suspect = "\\u0000" in text or text.count("[") + text.count("{") > MAX_PAYLOAD_DEPTH
     if suspect and (problem := _unstorable(decoded)):
         raise InvalidPayload(f"{what} {problem}.")
     return decoded, text
+
+
+# Types that JSON gives back as they went in (exactly these: a str or int subclass may not).
+_SCALARS = frozenset({str, int, float, bool, type(None)})
+
+
+def _copy_if_flat(value: Any) -> Any:
+    """`value` as JSON gives it back, without decoding: for a list of scalars, or a dict of
+    str keys to scalars (most calls' arguments), a copy is the same thing, in a fraction of
+    the time (the profile of a bulk enqueue). None for anything else: decode it."""
+    kind = type(value)
+    if kind is list and all(type(item) in _SCALARS for item in value):
+        return list(value)
+    if kind is dict and all(type(k) is str and type(v) in _SCALARS for k, v in value.items()):
+        return dict(value)
+    return None
 
 
 def _unstorable(value: Any) -> str | None:

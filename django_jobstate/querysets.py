@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import models
 from django.db.models import Exists, OuterRef
 
-from .dbclock import Now
-from .limits import HELD
+from .db.clock import Now
+from .limits.concurrency import HELD, Hold
 from .states import LIVE_STATES, TERMINAL_STATES, State
 
 if TYPE_CHECKING:
@@ -53,6 +53,21 @@ class JobQuerySet(models.QuerySet["Job"]):
         return [
             {"task": row["task_path"], "limit": row["concurrency_limit"], "held": row["n"]}
             for row in rows
+        ]
+
+    def held_by_rates(self) -> list[dict[str, Any]]:
+        """The due jobs of rate-limited tasks, per task and rate: [{"task": path, "rate":
+        "10/s", "due": N}]; they start at that rate across every worker, not stuck
+        (limits/rates.py). Read from the rated rows' index."""
+        rated = self.filter(state=State.QUEUED, hold=Hold.RATE, run_after__lte=Now())
+        rows = (
+            rated.order_by()
+            .values("task_path", "rate_limit")
+            .annotate(n=models.Count("pk"))
+            .order_by("task_path", "rate_limit")
+        )
+        return [
+            {"task": row["task_path"], "rate": row["rate_limit"], "due": row["n"]} for row in rows
         ]
 
     def held_by_queue_limits(self) -> list[dict[str, Any]]:
@@ -174,6 +189,7 @@ class JobQuerySet(models.QuerySet["Job"]):
             "paused_due": paused_due,
             "held_by_limits": self.held_by_limits(),
             "held_by_queue_limits": self.held_by_queue_limits(),
+            "held_by_rates": self.held_by_rates(),
             "oldest_paused_age_seconds": None if paused_age is None else round(paused_age, 3),
             "workers": workers,
             "lost_workers": sum(worker["lost"] for worker in workers),

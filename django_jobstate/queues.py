@@ -16,9 +16,9 @@ from typing import Any
 from django.db import connections, models, router, transaction
 from django.utils.translation import gettext_lazy as _
 
-from .dbclock import Now
-from .notify import NOTIFY_QUEUE, queue_payload
-from .queue_limits import QueueLimits, effective, validate
+from .db.clock import Now
+from .db.notify import NOTIFY_QUEUE, queue_payload
+from .limits.queues import QueueLimits, effective, validate
 
 logger = logging.getLogger("django_jobstate")
 

@@ -20,6 +20,7 @@ def configure_sqlite(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any
     transactions begin IMMEDIATE, taking the write lock (waiting for it) at BEGIN: the
     caller's "read a row, then enqueue" and the admin's "read, then cancel" included.
     A project that sets DATABASES[...]["OPTIONS"]["transaction_mode"] keeps its own.
+    Writers take turns at the write lock (db/sqlite_turns.py), so that none starves another.
     """
     if connection.vendor != "sqlite":
         return
@@ -31,6 +32,10 @@ def configure_sqlite(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         if not sqlite.is_in_memory_db():
             cursor.execute("PRAGMA journal_mode = WAL")
+    if not sqlite.is_in_memory_db():
+        from .db.sqlite_turns import take_turns
+
+        take_turns(connection, SQLITE_BUSY_TIMEOUT_MS / 1000)
 
 
 # PostgreSQL notices a dead client (a host cut off or gone) only when TCP gives up on it,

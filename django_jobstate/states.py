@@ -37,6 +37,9 @@ class FailureReason(models.TextChoices):
     # The task raised Snooze: its next attempt runs after the delay it asked for and, as
     # after RELEASED, does not count this one. Not a failure of the task (get_result()).
     SNOOZED = "snoozed", _("Snoozed; runs again later")
+    # A task it depends on (depends_on, a workflow's step) failed for good: it never
+    # started, and is never retried (an operator's retry of that task brings it back).
+    UPSTREAM_FAILED = "upstream_failed", _("A task it depends on failed")
 
 
 TRANSITIONS: dict[State, frozenset[State]] = {
@@ -47,9 +50,12 @@ TRANSITIONS: dict[State, frozenset[State]] = {
 }
 
 # Moves allowed only with these failure reasons: a queued attempt fails only as cancelled,
-# since it never started (the database's failed-fields constraint says the same).
+# since it never started, or as failed upstream (the database's failed-fields constraint
+# says the same).
 ONLY_AS: dict[tuple[State, State], frozenset[FailureReason]] = {
-    (State.QUEUED, State.FAILED): frozenset({FailureReason.CANCELLED}),
+    (State.QUEUED, State.FAILED): frozenset(
+        {FailureReason.CANCELLED, FailureReason.UPSTREAM_FAILED}
+    ),
 }
 
 TERMINAL_STATES = frozenset(state for state, nexts in TRANSITIONS.items() if not nexts)

@@ -201,9 +201,12 @@ ensure_venv() {
         local -a args=(-e "$JOBSTATE_ROOT")
         for g in "$@"; do args+=(--group "$g"); done
         _log "Installing django-jobstate (editable)${*:+ with groups: $*} into .venv"
-        # --group (PEP 735) needs pip >= 25.1.
+        # --group (PEP 735) needs pip >= 25.1. --no-compile: Python compiles what a run
+        # imports as it imports it (scripts/test and scripts/demo unset
+        # PYTHONDONTWRITEBYTECODE, so it does once); pip would compile every module first.
         "$venv/bin/python" -m pip install -q -U pip || return 1
-        (cd "$JOBSTATE_ROOT" && "$venv/bin/python" -m pip install -q "${args[@]}") || return 1
+        (cd "$JOBSTATE_ROOT" && "$venv/bin/python" -m pip install -q --no-compile "${args[@]}") ||
+            return 1
         if [[ $missing == all ]]; then
             echo "pyproject $pyhash" >"$stamp" || return 1
         fi
@@ -241,7 +244,8 @@ ensure_matrix_venv() {
 }
 
 # _stamped_venv VENV X.Y WANT PKG SPEC: print VENV, a Python X.Y environment with PKG
-# (editable), the test group and SPEC, installed unless its stamp says WANT already.
+# (editable), the matrix group (pyproject.toml: what the subset and Wagtail's tests need) and
+# SPEC, installed unless its stamp says WANT already.
 _stamped_venv() {
     local venv=$1 pyver=$2 want=$3 pkg=$4 spec=$5 stamp=$1/.jobstate-stamp py
     if [[ -x $venv/bin/python ]] && _python_is "$venv/bin/python" "$pyver"; then
@@ -255,18 +259,20 @@ _stamped_venv() {
         _log "Creating $venv with $py ($(_python_version "$py"))"
         "$py" -m venv "$venv" || return 1
     fi
-    _log "Installing django-jobstate (editable, $pkg), the test group and $spec into $venv"
+    _log "Installing django-jobstate (editable, $pkg), the matrix group and $spec into $venv"
     rm -f "$stamp"
-    # --group (PEP 735) needs pip >= 25.1.
+    # --group (PEP 735) needs pip >= 25.1; --no-compile as in ensure_venv: the matrix's and
+    # Wagtail's venvs are built beside the first stages, and compiling all of Django and
+    # Wagtail up front took most of their 10 minutes of CPU there.
     "$venv/bin/python" -m pip install -q -U pip >&2 || return 1
-    (cd "$JOBSTATE_ROOT" && "$venv/bin/python" -m pip install -q -e "$pkg" --group test "$spec") >&2 ||
-        return 1
+    (cd "$JOBSTATE_ROOT" && "$venv/bin/python" -m pip install -q --no-compile -e "$pkg" \
+        --group matrix "$spec") >&2 || return 1
     echo "$want" >"$stamp" || return 1
     echo "$venv"
 }
 
 # ensure_wagtail_venv: make $JOBSTATE_ROOT/.venv-matrix/wagtail, the Wagtail stage's
-# environment (scripts/test-wagtail): Python 3.13, the package (editable), the test group and
+# environment (scripts/test-wagtail): Python 3.13, the package (editable), the matrix group and
 # Wagtail 8.0.x, and print its path. Django is the one pip resolves for Wagtail and the package
 # together (6.1 today: the stage prints it); Wagtail brings the django-tasks backport. A stamp
 # records pyproject.toml, the Python and the pin: it installs again only when one changes.

@@ -41,3 +41,15 @@ def unlimited(label: str, seconds: float = 0.0) -> str:
 @task(unique=True, concurrency=1, concurrency_key=["customer"])
 def unique_one_per_customer(customer: int, label: str) -> str:
     return _run(f"unique:{customer}", label, 0.0)
+
+
+@task(rate_limit="5/s")
+def five_a_second(label: str, seconds: float = 0.0) -> str:
+    return _run("rate", label, seconds)
+
+
+@task(rate_limit="2/s", concurrency=1, concurrency_key=["customer"], max_attempts=2, backoff=0)
+def rated_one_per_customer(customer: int, label: str, fail: bool = False) -> str:
+    if fail:
+        raise ValueError("asked to fail")
+    return _run(f"rated:{customer}", label, 0.0)

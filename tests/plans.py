@@ -101,20 +101,24 @@ def _copy_history(rows: int, older: timedelta) -> None:
         cursor.execute(f"INSERT INTO {table} ({names}) SELECT * FROM ({sql}) AS copied", params)
 
 
-def analyze_job_table() -> None:
-    """Fresh planner statistics (on MariaDB/MySQL this commits: use a transactional test)."""
+def analyze_job_table(table: str | None = None) -> None:
+    """Fresh planner statistics of the job table, or of `table` (on MariaDB/MySQL this
+    commits: use a transactional test)."""
     mysql = connection.vendor == "mysql"
     with connection.cursor() as cursor:
-        cursor.execute(f"ANALYZE {'TABLE ' if mysql else ''}{Job._meta.db_table}")
+        cursor.execute(f"ANALYZE {'TABLE ' if mysql else ''}{table or Job._meta.db_table}")
         if mysql:
             cursor.fetchall()  # its report
 
 
-def job_table_reads(sql: str, params: Any = None) -> set[tuple[str, str | None]]:
-    """{(how, index)} for each read of the job table in the plan of `sql`: PostgreSQL's node
-    type and index name; MariaDB/MySQL's access type and key; SQLite's SEARCH or SCAN and
-    the index it uses ("rowid" for a lookup by primary key, None for a walk of the table)."""
-    table, reads = Job._meta.db_table, set()
+def job_table_reads(
+    sql: str, params: Any = None, table: str | None = None
+) -> set[tuple[str, str | None]]:
+    """{(how, index)} for each read of the job table (or `table`) in the plan of `sql`:
+    PostgreSQL's node type and index name; MariaDB/MySQL's access type and key; SQLite's
+    SEARCH or SCAN and the index it uses ("rowid" for a lookup by primary key, None for a
+    walk of the table)."""
+    table, reads = table or Job._meta.db_table, set()
     # A plan names a read by the table's alias, if any (Django's subqueries: U0).
     names = {table, *re.findall(rf'[`"]{table}[`"] [`"](\w+)[`"]', sql)}
     with connection.cursor() as cursor:

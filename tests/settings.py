@@ -36,6 +36,9 @@ MIDDLEWARE = [
 ]
 
 ROOT_URLCONF = "tests.urls"
+# Django's advice for tests: a fast hasher. The default (PBKDF2) took about half a second of
+# CPU for each password the tests set or check.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 STATIC_URL = "static/"
 TEMPLATES = [
     {
@@ -111,10 +114,15 @@ TASKS = {
     }
 }
 
-JOBSTATE_POLL_INTERVAL = 0.05
+# An idle worker claims this often where nothing wakes it (SQLite, MariaDB; PostgreSQL's
+# notifications do): 0.05 cost each idle worker and supervisor ~5% of a core, which the
+# dozens of runjobs processes of CI's side-by-side passes took from the tests.
+JOBSTATE_POLL_INTERVAL = 0.2
 # Short, so that recovery tests wait seconds, not minutes; LOST_AFTER leaves room for a
 # loaded CI machine to miss a few heartbeats without a live worker being taken for lost.
-JOBSTATE_HEARTBEAT_INTERVAL = 0.25
+# Each beat is also a rescue pass (several statements): at 0.25 an idle supervisor took
+# 5% of a core.
+JOBSTATE_HEARTBEAT_INTERVAL = 0.5
 JOBSTATE_LOST_AFTER = 3.0
 
 # Extra settings for a worker subprocess, as JSON (tests of out-of-range values).

@@ -10,7 +10,9 @@ from pathlib import Path
 from django_jobstate.context import JobStateContext
 from django_jobstate.tasksapi import TaskContext, task
 from tests.limit_tasks import (  # noqa: F401 (exposed: workers find them here)
+    five_a_second,
     one_per_customer,
+    rated_one_per_customer,
     three_at_once,
     two_per_customer,
     unique_one_per_customer,
@@ -24,6 +26,18 @@ from tests.retry_tasks import (  # noqa: F401 (exposed: workers find them here)
     snoozes_atomically,
     snoozes_forever,
     snoozes_twice,
+)
+from tests.workflow_tasks import (  # noqa: F401 (exposed: workers find them here)
+    add,
+    boom_step,
+    chord_callback,
+    chord_step,
+    fails_twice,
+    fails_until_allowed,
+    square,
+    step_value,
+    total,
+    unique_value,
 )
 
 

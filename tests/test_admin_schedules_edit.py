@@ -339,7 +339,7 @@ def test_names_and_arguments_are_escaped(client):
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
 @pytest.mark.django_db(transaction=True)
 def test_each_write_notifies_the_supervisors_when_it_commits():
-    from django_jobstate.notify import SCHEDULES_CHANNEL
+    from django_jobstate.db.notify import SCHEDULES_CHANNEL
     from django_jobstate.runner.wakeup import listen
 
     listener = listen("default", SCHEDULES_CHANNEL)

@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_jobstate.backend import JobStateBackend
-from django_jobstate.dbclock import Now
+from django_jobstate.db.clock import Now
 from django_jobstate.heartbeats import Process
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.runner.liveness import Pulse

@@ -6,7 +6,7 @@ from datetime import timedelta
 
 import pytest
 
-from django_jobstate.dbclock import Now
+from django_jobstate.db.clock import Now
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import State
 from tests import tasks

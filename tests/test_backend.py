@@ -10,7 +10,9 @@ from functools import partial
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db import connection
 from django.test import modify_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobstate.backend import JobStateBackend
@@ -427,17 +429,38 @@ def test_manage_py_check_reports_e003_without_the_app(tmp_path, imports):
     assert "Add 'django_jobstate' to INSTALLED_APPS and run migrate." in output
 
 
+def inserts(queries: CaptureQueriesContext) -> int:
+    return sum(q["sql"].lstrip().upper().startswith("INSERT") for q in queries.captured_queries)
+
+
 @pytest.mark.django_db
-def test_bulk_enqueue_writes_every_call_in_one_go():
-    calls = [([f"job {n}"], {}) for n in range(2500)]  # more than one INSERT batch
+def test_bulk_enqueue_writes_ten_thousand_small_calls_in_one_statement():
+    calls = [([f"job {n}"], {}) for n in range(10_000)]  # a workflow's group of 10,000
 
-    results = default_task_backend.bulk_enqueue(record, calls)
+    with CaptureQueriesContext(connection) as queries:
+        results = default_task_backend.bulk_enqueue(record, calls)
 
-    assert len(results) == 2500
+    assert inserts(queries) == 1
+    assert len(results) == 10_000
     assert {r.status for r in results} == {TaskResultStatus.READY}
     rows = Job.objects.filter(result_id__in=[r.id for r in results[:10]]).order_by("id")
     assert [row.args for row in rows] == [[f"job {n}"] for n in range(10)]
-    assert Job.objects.queued().count() == 2500
+    assert Job.objects.queued().count() == 10_000
+
+
+@pytest.mark.django_db
+def test_bulk_enqueue_splits_large_arguments_below_the_servers_packet_size():
+    """MariaDB refuses a statement past max_allowed_packet (16 MiB by default): calls whose
+    arguments weigh more than a few MiB in all are written by several statements."""
+    calls = [(["x" * 100_000, n], {}) for n in range(100)]  # ~10 MB of arguments
+
+    with CaptureQueriesContext(connection) as queries:
+        results = default_task_backend.bulk_enqueue(record, calls)
+
+    assert inserts(queries) == 3  # at most 4 MiB each
+    assert Job.objects.queued().count() == 100
+    assert sorted(row[1] for row in Job.objects.values_list("args", flat=True)) == list(range(100))
+    assert {r.status for r in results} == {TaskResultStatus.READY}
 
 
 @pytest.mark.django_db(transaction=True)  # the rollback under test is bulk_enqueue's own

@@ -293,6 +293,7 @@ def test_stats_of_an_empty_database():
         "paused_due": 0,
         "held_by_limits": [],
         "held_by_queue_limits": [],
+        "held_by_rates": [],
         "oldest_paused_age_seconds": None,
         "workers": [],
         "lost_workers": 0,

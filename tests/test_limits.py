@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import WorkerLost
-from django_jobstate.limits import Hold, concurrency_key
+from django_jobstate.limits.concurrency import Hold, concurrency_key
 from django_jobstate.models import Job
 from django_jobstate.runner.stuck import Concern, stuck, why_stuck
 from django_jobstate.states import FailureReason, State

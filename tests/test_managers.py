@@ -17,10 +17,10 @@ from django.db import IntegrityError, OperationalError, connection, connections,
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_jobstate.db.notify import CHANNEL
 from django_jobstate.exceptions import LostRace
 from django_jobstate.managers import CancelOutcome, claim_key
 from django_jobstate.models import Job, JobQueue
-from django_jobstate.notify import CHANNEL
 from django_jobstate.states import (
     ONLY_AS,
     TRANSITIONS,
@@ -192,26 +192,29 @@ def test_retrying_an_attempt_pruned_meanwhile_is_a_lost_race():
     assert not Job.objects.exists()
 
 
-def race_retry_and_prune(failed: Job) -> str:
+def race_retry_and_prune(failed: Job, first: str | None = None) -> str:
     """Retry `failed` and prune in two threads, each with its own connection; say what won.
 
-    The retry's transaction stays open for a while after its INSERT; either side may start
-    first, by a random delay.
+    `first` ("retry" or "prune") holds that side's transaction open, its writes made, until
+    the other side has begun: the overlap a loaded machine makes rare. Without it, a random
+    delay decides which side starts first, and the retry's transaction stays open a while
+    after its INSERT.
     """
     barrier, errors = threading.Barrier(2), []
+    retry_first = random.random() < 0.5 if first is None else first == "retry"
 
     def retry() -> None:
-        retry_first = random.random() < 0.5
         try:
             connection.ensure_connection()  # this thread's own, connected before the race
             with transaction.atomic():
                 if not retry_first:
                     barrier.wait(timeout=10)
-                    time.sleep(random.uniform(0, 0.01))
+                    time.sleep(random.uniform(0, 0.01) if first is None else 0)
                 Job.objects.retry(failed)
                 if retry_first:
                     barrier.wait(timeout=10)
-                time.sleep(random.uniform(0, 0.01))  # commits while the prune runs, or not
+                # Commits while the prune runs, or not; held open when it must go first.
+                time.sleep(random.uniform(0, 0.01) if first is None else 0.2)
         except LostRace:
             pass  # its predecessor was pruned first: a clean refusal
         except BaseException as exc:
@@ -222,6 +225,12 @@ def race_retry_and_prune(failed: Job) -> str:
     def prune() -> None:
         try:
             connection.ensure_connection()
+            if first == "prune":
+                with transaction.atomic():  # its deletes stay uncommitted while the retry runs
+                    Job.objects.prune(timedelta(days=7))
+                    barrier.wait(timeout=10)
+                    time.sleep(0.2)
+                return
             barrier.wait(timeout=10)
             time.sleep(random.uniform(0, 0.003))
             Job.objects.prune(timedelta(days=7))
@@ -240,10 +249,13 @@ def race_retry_and_prune(failed: Job) -> str:
     rows = list(Job.objects.filter(result_id=failed.result_id).values_list("pk", "previous"))
     if rows == []:
         return "pruned, retry refused"
-    first, *later = sorted(rows)
-    if first == (failed.pk, None) and [previous for _, previous in later] == [failed.pk]:
+    head, *later = sorted(rows)
+    if head == (failed.pk, None) and [previous for _, previous in later] == [failed.pk]:
         return "retried, prune skipped it"
     return f"broken: {rows}"
+
+
+RETRY_PRUNE_OUTCOMES = {"retry": "retried, prune skipped it", "prune": "pruned, retry refused"}
 
 
 @pytest.mark.skipif(
@@ -251,10 +263,22 @@ def race_retry_and_prune(failed: Job) -> str:
     reason="SQLite runs one writer at a time: a retry and a prune cannot overlap",
 )
 @pytest.mark.django_db(transaction=True)  # each thread commits on its own connection
-def test_a_retry_racing_a_prune_never_survives_its_deleted_predecessor():
-    outcomes = collections.Counter(race_retry_and_prune(old_failure()) for _ in range(150))
+@pytest.mark.parametrize("first", ["retry", "prune"])
+def test_a_retry_and_a_prune_that_overlap_keep_the_side_that_went_first(first):
+    for _round in range(3):
+        assert race_retry_and_prune(old_failure(), first) == RETRY_PRUNE_OUTCOMES[first]
 
-    assert set(outcomes) == {"pruned, retry refused", "retried, prune skipped it"}, outcomes
+
+@pytest.mark.skipif(
+    connection.vendor == "sqlite",
+    reason="SQLite runs one writer at a time: a retry and a prune cannot overlap",
+)
+@pytest.mark.django_db(transaction=True)
+def test_a_retry_racing_a_prune_never_survives_its_deleted_predecessor():
+    # Either side may win (a loaded machine can let one win every round: the test above
+    # makes each order happen); no round may leave a retry without its predecessor.
+    outcomes = collections.Counter(race_retry_and_prune(old_failure()) for _ in range(100))
+    assert set(outcomes) <= set(RETRY_PRUNE_OUTCOMES.values()), outcomes
 
 
 def test_cancel_fails_a_queued_attempt_as_cancelled_and_keeps_it():
@@ -378,7 +402,7 @@ def explained_claim(**claim) -> list[dict]:
 def test_a_claim_from_a_key_does_not_walk_the_index_entries_of_claimed_rows():
     """Until VACUUM, the runnable index keeps an entry for every row claimed since; they
     sit at the head of claim order, so a claim from the head walks them all."""
-    Job.objects.enqueue_many("tests.tasks.record", [(("x",), {})] * 20_000)
+    Job.objects.enqueue_many("tests.tasks.record", [(("x",), {})] * 12_000)
     claimed = []
     while batch := Job.objects.claim("w", limit=1000):
         claimed.extend(batch)
@@ -398,10 +422,10 @@ def test_a_claim_from_a_key_does_not_walk_the_index_entries_of_claimed_rows():
         )
 
     assert index_pages(from_key=claim_key(claimed[-1])) < 10
-    # The test's premise: from the head, the 20,000 dead entries take ~100 pages. Unless the
+    # The test's premise: from the head, the 12,000 dead entries take ~60 pages. Unless the
     # planner took another index for that claim (seen under a loaded CI): nothing to compare.
     head = index_pages()
-    assert head == 0 or head > 50
+    assert head == 0 or head > 30, head
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's planner")
@@ -610,3 +634,24 @@ def test_a_write_that_waited_for_sqlites_lock_stamps_a_time_after_the_wait(write
         stamped = Job.objects.get(pk=job.pk).finished_at
     holder.join()
     assert stamped >= released[0]
+
+
+def test_succeed_many_writes_each_return_value_as_given():
+    """A batch's return values reach their rows unchanged, whatever JSON they hold: quotes,
+    backslashes, braces and commas (PostgreSQL takes them as an array literal), a JSON null
+    and the string "null", non-ASCII text."""
+    values = [
+        None,
+        "null",
+        'a "quoted", {braced} \\ value',
+        {"nested": [1, 2.5, {"x": None}], "é": "ü\n"},
+        [],
+        "",
+        12345678901234,
+    ]
+    jobs = [JobFactory(running=True) for _ in values]
+    written = Job.objects.succeed_many("factory-worker", list(zip(jobs, values, strict=True)))
+    assert written == {job.pk for job in jobs}
+    for job, value in zip(jobs, values, strict=True):
+        row = Job.objects.get(pk=job.pk)
+        assert (row.state, row.return_value) == (State.SUCCEEDED, value)

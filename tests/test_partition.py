@@ -181,7 +181,12 @@ def run_the_partition(hosts: Hosts, db: netns.Namespace, w1: netns.Namespace, li
     )
     healthy = hosts.runjobs(db, "127.0.0.1")
     enqueue(hosts, ["probe"], 0)  # w1's two workers are busy: only the healthy host runs it
-    wait_for(lambda: ("probe", 1, "db", "finish") in hosts.marked(), "the healthy host to run")
+    # A new runjobs on a host of its own: at CI's load 20 it took over 90 s to run the probe.
+    wait_for(
+        lambda: ("probe", 1, "db", "finish") in hosts.marked(),
+        "the healthy host to run",
+        timeout=240,
+    )
 
     link.cut()
     cut_at = hosts.clock()

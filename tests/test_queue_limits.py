@@ -13,9 +13,9 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from django_jobstate.backend import JobStateBackend
+from django_jobstate.limits.queues import burst, parse_rate
 from django_jobstate.managers.queue_claim import forget_run_time_limits
 from django_jobstate.models import Job, JobQueue
-from django_jobstate.queue_limits import burst, parse_rate
 from django_jobstate.states import State
 from tests.limit_tasks import unlimited
 

@@ -14,8 +14,8 @@ from django.test import override_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
+from django_jobstate.db.notify import CHANNEL, parse_payload, queue_payload
 from django_jobstate.models import Job, JobQueue
-from django_jobstate.notify import CHANNEL, parse_payload, queue_payload
 from django_jobstate.runner.wakeup import Waiter
 from django_jobstate.states import State
 from django_jobstate.tasksapi import task_backends

@@ -6,6 +6,7 @@ The races between real runjobs processes are in test_schedules_race.py.
 import itertools
 import logging
 import math
+import time
 from datetime import timedelta
 
 import pytest
@@ -77,7 +78,16 @@ def test_sync_stops_schedules_gone_from_the_settings_and_restarts_returning_ones
     assert Schedule.objects.get(name="t").removed_at is None
 
 
+def away_from_a_minute_boundary() -> None:
+    """every(60) ticks on the minute: within a second or two of one, a first run_once()
+    finds its tick due already (CI on MariaDB once did)."""
+    left = 60 - time.time() % 60
+    if left < 3:
+        time.sleep(left + 0.1)
+
+
 def test_a_due_tick_is_enqueued_once_with_its_schedule_and_time():
+    away_from_a_minute_boundary()
     first, second = scheduler(every(60)), scheduler(every(60))
     assert first.run_once() > 0  # synced; nothing due yet
     assert scheduled_jobs() == []
@@ -213,6 +223,9 @@ def test_hundreds_of_schedules_cost_one_indexed_query_per_wake_up():
     definitions = [every(60, name=f"s{i}") for i in range(500)]
     s = scheduler(*definitions)
     s.run_once()
+    # None due in the wake-up measured: ticks fall on the minute, and a slow machine
+    # crossed one between the two wake-ups (all 500 then ticked: 607 queries).
+    Schedule.objects.update(next_tick_at=timezone.now() + timedelta(hours=1))
     analyze = "ANALYZE" if connection.vendor == "postgresql" else "ANALYZE TABLE"
     with connection.cursor() as cursor:
         cursor.execute(f"{analyze} {Schedule._meta.db_table}")
@@ -354,20 +367,21 @@ def test_one_schedule_that_raises_never_stops_the_others(caplog, lateness):
 def test_a_tick_enqueued_already_is_skipped_and_the_schedule_moves_on(caplog):
     """A rolling deploy whose store raced the old release's tick pointed the row back at
     that tick: the backstop index refuses it, and the schedule must not stay there."""
-    s = scheduler(every(60, catch_up="all"))
+    # Hourly: the tick after `due` stays ahead of the clock (a minute's could pass meanwhile).
+    s = scheduler(every(3600, catch_up="all", max_lateness=3 * 3600))
     s.run_once()
     _, due = make_due()
     s.run_once()
     [job] = scheduled_jobs()
     # Back before that tick: the one before is due, and then that one again.
-    Schedule.objects.update(next_tick_at=due - timedelta(seconds=60))
+    Schedule.objects.update(next_tick_at=due - timedelta(seconds=3600))
     with caplog.at_level(logging.INFO, "django_jobstate.scheduler"):
         s.run_once()
     assert f"tick {due.isoformat()} was enqueued already (job {job.pk}); moving on" in caplog.text
     assert "could not enqueue" not in caplog.text
     assert Schedule.objects.get().next_tick_at > due
     ticks = [j.scheduled_for for j in scheduled_jobs()]
-    assert ticks == [due - timedelta(seconds=60), due]  # the one not enqueued yet was
+    assert ticks == [due - timedelta(seconds=3600), due]  # the one not enqueued yet was
 
 
 def test_system_checks_refuse_numbers_out_of_range():

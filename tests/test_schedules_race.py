@@ -178,7 +178,8 @@ def test_a_supervisor_whose_clock_is_90_s_ahead_neither_ticks_early_nor_twice(ru
     outputs = stop_all(runjobs, [skewed, normal])
     check_ticks(outputs)  # lateness >= 0 by the database clock, no duplicate, no gap
     first = Job.objects.filter(schedule_name="fast").order_by("scheduled_for").first()
-    assert first.scheduled_for <= first.enqueued_at < first.scheduled_for + 5 * SECOND
+    # Never early; and not 90 s late either (30 s: a loaded CI machine delays a tick).
+    assert first.scheduled_for <= first.enqueued_at < first.scheduled_for + 30 * SECOND
 
 
 def test_two_definitions_of_one_schedule_never_enqueue_two_jobs_for_one_tick(runjobs):

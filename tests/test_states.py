@@ -20,7 +20,7 @@ ALLOWED = {
     (State.QUEUED, State.FAILED),  # only as cancelled
 }
 # The failure reasons each move allows (None: not a failure, or any reason).
-REASONS = {(State.QUEUED, State.FAILED): {FailureReason.CANCELLED}}
+REASONS = {(State.QUEUED, State.FAILED): {FailureReason.CANCELLED, FailureReason.UPSTREAM_FAILED}}
 PAIRS = list(itertools.product(State, State))
 
 
@@ -38,13 +38,15 @@ def test_allowed_moves_pass(current, new):
         check_transition(current.value, new.value, reason and reason.value)  # raw values
 
 
-def test_only_a_cancel_fails_a_queued_attempt():
+def test_only_a_cancel_or_a_failed_upstream_fails_a_queued_attempt():
     assert {move: set(reasons) for move, reasons in ONLY_AS.items()} == REASONS
     for reason in [None, *FailureReason]:
-        if reason == FailureReason.CANCELLED:
+        if reason in (FailureReason.CANCELLED, FailureReason.UPSTREAM_FAILED):
             check_transition(State.QUEUED, State.FAILED, reason)
             continue
-        with pytest.raises(InvalidTransition, match="only as: cancelled") as excinfo:
+        with pytest.raises(
+            InvalidTransition, match="only as: cancelled, upstream_failed"
+        ) as excinfo:
             check_transition(State.QUEUED, State.FAILED, reason)
         assert (excinfo.value.current, excinfo.value.new) == (State.QUEUED, State.FAILED)
     check_transition(State.RUNNING, State.FAILED, FailureReason.CANCELLED)  # both ways

@@ -94,8 +94,11 @@ def test_a_stop_hands_back_the_attempts_of_the_batch_not_started(runjobs):
     released = jobs.filter(state=State.FAILED, failure_reason=FailureReason.RELEASED)
     succeeded = jobs.filter(state=State.SUCCEEDED)
     assert succeeded.count() + released.count() == len(held), output[-6000:]
-    # It ran on for half a second (worker.STOP_GRACE), then handed back the others.
-    assert released.exists(), output[-6000:]
+    # It ran on for half a second (worker.STOP_GRACE), then handed back the others: with
+    # four or more in hand, more than the grace lets it run (at load 30 a batch of three
+    # all ran within it).
+    if len(held) >= 4:
+        assert released.exists(), output[-6000:]
     # Each one handed back is queued again, its handing back not counted as an attempt.
     for job in released:
         assert Job.objects.get(previous=job).state == State.QUEUED

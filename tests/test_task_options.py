@@ -47,7 +47,14 @@ def errors(options):
             "an option it can set.",
             "Did you mean 'max_attempts'? The options are: max_attempts, backoff, timeout, "
             "atomic, unique, unique_scope, on_duplicate, retry_on, max_snoozes, concurrency, "
-            "concurrency_key.",
+            "concurrency_key, rate_limit.",
+        ),
+        (
+            {"tests.tasks.record": {"rate_limit": "10 a second"}},
+            "JOBSTATE_TASK_OPTIONS['tests.tasks.record']: rate_limit of task "
+            "'tests.tasks.record': A rate is a positive whole number of starts per second, "
+            'minute, hour or day, such as "10/s", "100/m" or "1000/h"; not \'10 a second\'.',
+            "Fix the value, as for @task(...).",
         ),
         (
             {INDEX: {"unique": ["nope"]}},

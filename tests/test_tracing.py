@@ -126,6 +126,21 @@ def test_a_bulk_enqueue_is_one_producer_span_for_every_job():
     assert len(contexts) == 1
 
 
+@pytest.mark.django_db
+def test_a_workflow_is_one_producer_span_and_one_trace_for_every_step():
+    from django_jobstate.workflows import chord, group, step
+    from tests import workflow_tasks
+
+    steps = group(step(workflow_tasks.step_value, i) for i in range(3))
+    wf = chord(steps, step(workflow_tasks.total)).enqueue()
+
+    [span] = EXPORTER.get_finished_spans()
+    assert span.attributes["messaging.batch.message_count"] == 4
+    assert span.attributes["jobstate.workflow_id"] == wf.id
+    contexts = {json.dumps(c) for c in Job.objects.values_list("trace_context", flat=True)}
+    assert len(contexts) == 1
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.slow
 @pytest.mark.parametrize("in_flight", ["1", "4"])

@@ -9,7 +9,7 @@ import time
 import pytest
 from django.db import connection
 
-from django_jobstate.notify import queue_payload
+from django_jobstate.db.notify import queue_payload
 from django_jobstate.runner.wakeup import Inbox, Waiter
 from tests import tasks
 

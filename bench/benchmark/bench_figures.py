@@ -171,3 +171,9 @@ def percentile(values: list[float], pct: float) -> float | None:
     k = (len(values) - 1) * pct / 100
     lo, hi = int(k), min(int(k) + 1, len(values) - 1)
     return values[lo] + (values[hi] - values[lo]) * (k - lo)
+
+
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median drain by jobs/s, with every run's jobs/s beside it."""
+    runs = sorted(runs, key=lambda run: run["rate"] or 0)
+    return {**runs[len(runs) // 2], "runs": [run["rate"] for run in runs]}

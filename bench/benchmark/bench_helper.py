@@ -16,6 +16,7 @@ from typing import Any
 
 import django
 
+from bench.benchmark.fair_helper import fair_rounds
 from bench.common import wait_for
 
 
@@ -176,12 +177,19 @@ def enqueue_txn(rows: Any, n: str) -> dict[str, Any]:
         own += time.perf_counter() - t0
     if rows.jobs().count() != 3 * count:
         raise RuntimeError(f"{rows.jobs().count()} rows for {3 * count} enqueues")
+    # Beside the bare INSERT that enqueue() sends, sent by hand (issue 28's target).
+    from bench.benchmark.enqueue_cost import in_transaction
+
+    bare = in_transaction(task.enqueue, count)
     return {
         "n": count,
         "in_transaction_us": inside / count * 1e6,
         "first_in_transaction_us": first / count * 1e6,
         "own_commit_us": own / count * 1e6,
         "ratio": inside / own,
+        "bare_insert_us": bare["bare_insert_us"],
+        "beside_insert_us": bare["enqueue_us"],
+        "insert_ratio": bare["ratio"],
     }
 
 
@@ -242,6 +250,7 @@ COMMANDS: dict[str, Callable[..., dict[str, Any]]] = {
         enqueue_txn,
         latencies,
         progress,
+        fair_rounds,
     )
 }
 
@@ -250,6 +259,9 @@ def main(argv: list[str]) -> None:
     django.setup()
     from django.db import connections
 
+    from bench.benchmark.bench_produce import produce, warm  # the load's (issue 28)
+
+    COMMANDS.update({"produce": produce, "warm": warm})
     from bench.benchmark.bench_rows import rows_for_settings
 
     command, *args = argv

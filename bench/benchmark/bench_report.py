@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from bench.benchmark.bench_load_report import load_lines
 from bench.benchmark.bench_targets import SHORT, peer_lines, target_lines
 
 Getter = Callable[[dict[str, Any]], Any]
@@ -76,6 +77,18 @@ def rows(sizes: Any) -> list[tuple[str, str, Getter, str]]:
             "{:,.0f}",
         ),
         ("txn", "... in the transaction ÷ with its own commit", lambda r: r["ratio"], "{:.2f}"),
+        (
+            "txn",
+            "the bare INSERT it sends, by hand in the transaction, interleaved with enqueues (µs)",
+            lambda r: r.get("bare_insert_us"),
+            "{:,.0f}",
+        ),
+        (
+            "txn",
+            "... enqueue() beside it ÷ the bare INSERT (target: <= 1.5)",
+            lambda r: r.get("insert_ratio"),
+            "{:.2f}",
+        ),
         (
             "latency",
             f"pickup latency p50, {sizes.latency_rate:g} jobs/s, 1 worker (ms)",
@@ -159,7 +172,38 @@ def rows(sizes: Any) -> list[tuple[str, str, Getter, str]]:
         ("memory", f"worker RSS after {end} jobs (MiB)", lambda r: r["end_mib"], "{:,.1f}"),
         ("memory", f"RSS growth, {early} → {end} jobs", lambda r: r["growth"] * 100, "{:+.1f}%"),
     ]
-    return out
+    return out + fair_rows(sizes)
+
+
+def fair_rows(sizes: Any) -> list[tuple[str, str, Getter, str]]:
+    """The SQLite fairness figure (bench_fair.py): solo rates, then side by side."""
+    window = f"median of {sizes.fair_rounds} rounds of {sizes.fair_seconds:g} s windows"
+    return [
+        (
+            "sqlite_fair",
+            f"SQLite, web-like writer (row + enqueue per `atomic()`) alone, {window} (commits/s)",
+            lambda r: r["writer_rate"],
+            "{:,.0f}",
+        ),
+        (
+            "sqlite_fair",
+            "... `runjobs --concurrency 2` draining no-op jobs alone (jobs/s)",
+            lambda r: r["drain_rate"],
+            "{:,.0f}",
+        ),
+        (
+            "sqlite_fair",
+            "... side by side: writer ÷ its solo rate (target ≥ 0.5)",
+            lambda r: r["writer_ratio"],
+            "{:.2f}",
+        ),
+        (
+            "sqlite_fair",
+            "... side by side: drain ÷ its solo rate (target ≥ 0.3)",
+            lambda r: r["drain_ratio"],
+            "{:.2f}",
+        ),
+    ]
 
 
 def value(results: dict[str, Any], figure: str, system: str, getter: Getter) -> tuple[Any, str]:
@@ -273,7 +317,7 @@ def render_table(
             f"\n† stopped at the history time budget ({sizes.history_budget:g} s per drain): "
             "jobs/s of the jobs done by then (JSON: `stopped`); no further runs in that state."
         )
-    lines += ["", *target_lines(results, sizes)]
+    lines += ["", *target_lines(results, sizes), *load_lines(results, sizes)]
     if problems:
         lines.append("")
         lines += [f"- PROBLEM {system} / {figure}: {what}" for system, figure, what in problems]

@@ -102,6 +102,17 @@ def target_lines(results: dict[str, Any], sizes: Any) -> list[str]:
             r and r < 1 / 3,
         )
     )
+    r = get("txn", "jobstate", "insert_ratio")
+    out.append(
+        line(
+            "single enqueue in the caller's transaction ÷ the bare INSERT it sends",
+            r,
+            "<= 1.5",
+            r and r <= 1.5,
+        )
+    )
+    bulk = get("enqueue", "jobstate", "bulk", "rate")
+    out.append(line("bulk enqueue", bulk, ">= 50,000 jobs/s", bulk and bulk >= 50_000, ""))
     many = get("many", "jobstate", "rate")
     r = div(many, ours4)
     conns = get("many", "jobstate", "max_per_supervisor")

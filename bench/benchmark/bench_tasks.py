@@ -46,3 +46,17 @@ def backlog() -> None:
 @task(priority=100)
 def urgent() -> None:
     """The high-priority job (Django's highest priority) enqueued behind a backlog."""
+
+
+@task
+def published() -> None:
+    """The job a web-like writer enqueues with each page it saves (the SQLite fairness figure)."""
+
+
+LOAD_SECONDS = 0.001  # the continuous load's job (issue 28)
+
+
+@task
+def work_1ms() -> None:
+    """A job of the continuous load: 1 ms of work."""
+    time.sleep(LOAD_SECONDS)

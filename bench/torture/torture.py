@@ -137,6 +137,7 @@ if __package__ in (None, ""):  # run as a script: import bench.*, not bench/benc
     sys.path[0] = str(Path(__file__).resolve().parents[2])
 
 from bench.common import mysql_admin
+from bench.torture import torture_workflows as workflows
 from bench.torture import torture_workloads as workloads
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -230,6 +231,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--drain-margin", type=float, default=30.0, help="seconds, beyond lost-after"
     )
     workloads.add_arguments(parser)
+    workflows.add_arguments(parser)
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
     parser.add_argument("--keep", action="store_true", help="keep the database and the logs")
     options = parser.parse_args(argv)
@@ -249,6 +251,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     if options.gil_jobs is None:
         options.gil_jobs = max(2, round(options.jobs / 250))
     workloads.resolve(options)
+    workflows.resolve(options)
     server = options.db in SERVER_CTL
     options.restart = server and not options.no_restart
     if options.connection_kills is None:
@@ -381,7 +384,7 @@ class Partition:
         self.network.close()  # kills what runs in the namespaces, the forwarder included
 
 
-class Torture(workloads.Workloads):
+class Torture(workloads.Workloads, workflows.WorkflowLoad):
     def __init__(self, options: argparse.Namespace, run_dir: Path) -> None:
         self.options = options
         self.run_dir = run_dir
@@ -462,7 +465,8 @@ class Torture(workloads.Workloads):
         n_ugly = min(max(2, round(o.jobs * o.ugly_fraction)), o.jobs - n_overrun - n_gil)
         n_once = round(o.jobs * o.once_fraction)
         specs = []
-        for i in range(o.jobs - o.limited_jobs):  # the limited ones are part of --jobs
+        # The limited jobs and the workflows' steps are part of --jobs.
+        for i in range(o.jobs - o.limited_jobs - o.workflow_steps):
             if i < n_overrun:
                 specs.append((tt.overrun, tt.OVERRUN, 3.0, o.fail_rate))
             elif i < n_overrun + n_gil:  # half past a 1 s timeout, half with none of its own
@@ -495,6 +499,8 @@ class Torture(workloads.Workloads):
                     self.enqueued_ids.add(str(result.id))
         if o.limited_jobs:
             self.enqueue_limited(now, SPREAD * o.duration)
+        if o.workflow_steps:
+            self.enqueue_workflows(now, SPREAD * o.duration)
 
     # ----------------------------------------------------------- supervisors
 
@@ -632,7 +638,7 @@ class Torture(workloads.Workloads):
             at += after - before
             events.append((at, action))
             at += length[action] + gaps[action]
-        events += self.workload_events(d)
+        events += self.workload_events(d) + self.workflow_events(d)
         return sorted(events)
 
     def run_faults(self) -> None:

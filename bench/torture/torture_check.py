@@ -44,6 +44,8 @@ TIMEOUT_SLACK = 1.0
 # itself (the supervisor's kill writes no duration).
 LATE_TIMEOUT = re.compile(r"past its timeout of [0-9.]+ seconds \(([0-9.]+) s\)")
 UGLY_CLASSES = {f"{c.__module__}.{c.__qualname__}" for c in UGLY_ERRORS}
+# Tasks that end so are never retried (a cancel; a workflow's step whose upstream failed).
+NEVER_RETRIED = (FailureReason.CANCELLED, FailureReason.UPSTREAM_FAILED)
 
 
 # The error of an attempt lost because its process was stopped at another's deadline.
@@ -244,6 +246,8 @@ def check(
                 verdict = "released"
             elif reason == FailureReason.CANCELLED:  # checked with the cancels
                 verdict = "cancelled"
+            elif reason == FailureReason.UPSTREAM_FAILED:  # torture_check_workflows.py
+                verdict = "upstream_failed"
             elif reason == FailureReason.ERROR and error_class in PLANNED_ERRORS:
                 wanted = planned_error(seed, kind, rid, j["attempt"])
                 stored = (error_class, j["error_message"])
@@ -317,7 +321,7 @@ def check(
             and not (
                 last["state"] == State.FAILED
                 and len(ran) < attempts[0]["max_attempts"]
-                and last["failure_reason"] != FailureReason.CANCELLED  # never retried
+                and last["failure_reason"] not in NEVER_RETRIED
             )
         )
         if not chain_ok:
@@ -336,8 +340,8 @@ def check(
             planned_failures += last["state"] == State.FAILED
             continue
         verdicts = [outcome_ok[a["id"]] for a in attempts]
-        if "cancelled" in verdicts:
-            through_faults["cancelled"] += 1
+        if "cancelled" in verdicts or "upstream_failed" in verdicts:
+            through_faults["cancelled" if "cancelled" in verdicts else "upstream"] += 1
             continue
         if chain_ok and "contrary" not in verdicts:
             through_faults["once" if attempts[0]["max_attempts"] == 1 else "retried"] += 1
@@ -592,6 +596,9 @@ def check(
             "tasks failed only through faults: retried tasks", through_faults["retried"]
         ),
         "failed_cancelled": Figure("tasks ended by a cancel", through_faults["cancelled"]),
+        "failed_upstream": Figure(
+            "steps failed as upstream_failed (never started)", through_faults["upstream"]
+        ),
         "worker_kills": Figure(
             "worker processes SIGKILLed", sum(k.kind == "worker" for k in faults.kills)
         ),

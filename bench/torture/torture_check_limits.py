@@ -51,7 +51,7 @@ def limit_figures(
     from django.db.models import Count, F, OuterRef, Subquery
     from django.db.models.functions import Coalesce
 
-    from django_jobstate.limits import HELD, HOLDS_SLOT
+    from django_jobstate.limits.concurrency import HELD, HOLDS_SLOT
     from django_jobstate.models import Job
 
     work = faults.workload

@@ -17,7 +17,7 @@ from asgiref.sync import sync_to_async
 from django.db import connection
 
 from bench.models import Execution
-from django_jobstate.dbclock import Now  # UTC on MariaDB too, as the jobs' times
+from django_jobstate.db.clock import Now  # UTC on MariaDB too, as the jobs' times
 from django_jobstate.models import Job
 from django_jobstate.tasksapi import TaskContext, task
 
@@ -282,3 +282,18 @@ ASYNC_TWINS = {flaky: flaky_async, once: once_async, overrun: overrun_async, bat
 ORDINARY = frozenset(
     t.module_path for t in (flaky, once, overrun, flaky_async, once_async, overrun_async)
 )
+
+
+# A step of a workflow (bench/torture/torture_workflows.py: chains and chords enqueued with
+# django_jobstate.workflows): the same plans; a chord's callback is given its group's
+# results as `results` (torture_check_workflows.py compares them with the group's).
+@task(takes_context=True, max_attempts=3, backoff=0.2)
+def workflow_step(
+    context: TaskContext,
+    seed: int,
+    kind: str,
+    seconds: float,
+    fail_rate: float,
+    results: list[int] | None = None,
+) -> int:
+    return body(context, seed, kind, seconds, fail_rate)

@@ -124,6 +124,7 @@ class Workload:
     limit_peaks: dict[str, int] = field(default_factory=dict)
     # The database clock minus time.monotonic() (the bodies' stamps), in seconds.
     mono_to_db: float = 0.0
+    workflows: Any = None  # torture_workflows.Workflows, when the run has workflows
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -560,7 +561,7 @@ class Workloads:
         from django.db.models import Count, F, Max, OuterRef, Q, Subquery
         from django.db.models.functions import Coalesce
 
-        from django_jobstate.limits import HELD, HOLDS_SLOT
+        from django_jobstate.limits.concurrency import HELD, HOLDS_SLOT
         from django_jobstate.models import Job
         from django_jobstate.states import State
 

@@ -25,7 +25,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy, ngettext
 
 from ..conf import get_settings
-from ..dbclock import Now
+from ..db.clock import Now
 from ..managers import CancelOutcome
 from ..models import Job
 from ..querysets import JobQuerySet

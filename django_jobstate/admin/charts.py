@@ -41,13 +41,29 @@ def _nice_top(value: float) -> float:
     return top
 
 
-def _frame(chart_id: str, title: str, description: str, body: SafeString) -> SafeString:
+def _frame(
+    chart_id: str,
+    title: str,
+    description: str,
+    body: SafeString,
+    *,
+    size: tuple[int, int] | None = None,
+    role: str = "img",
+    css: str = "jobstate-chart",
+) -> SafeString:
+    """The <svg> around `body`: a chart's scales with its box; one given a `size` (the
+    workflow's picture) is drawn at most that big (width and height: the page shrinks it)."""
+    width, height = size or (WIDTH, HEIGHT)
+    sized = format_html(' width="{}" height="{}"', width, height) if size else ""
     return format_html(
-        '<svg class="jobstate-chart" viewBox="0 0 {} {}" role="img" '
+        '<svg class="{}" viewBox="0 0 {} {}"{} role="{}" '
         'aria-labelledby="{}-title {}-desc">'
         '<title id="{}-title">{}</title><desc id="{}-desc">{}</desc>{}</svg>',
-        WIDTH,
-        HEIGHT,
+        css,
+        width,
+        height,
+        sized,
+        role,
         chart_id,
         chart_id,
         chart_id,
@@ -168,3 +184,4 @@ def _seconds(value: float) -> str:
 
 
 format_seconds = _seconds
+frame = _frame  # the workflow's picture (workflow_svg.py) is framed alike

@@ -150,6 +150,7 @@ FAILURE_LABELS = {
     FailureReason.RELEASED: _("released (never started)"),
     FailureReason.CANCELLED: _("cancelled"),
     FailureReason.SNOOZED: _("snoozed (runs again later)"),
+    FailureReason.UPSTREAM_FAILED: _("upstream failed (never started)"),
 }
 
 

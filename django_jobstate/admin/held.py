@@ -13,7 +13,7 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 
 from ..conf import get_settings
-from ..dbclock import Now
+from ..db.clock import Now
 from ..models import Job, WorkerHeartbeat
 from ..runner.stuck import silent_after
 from .page import format_duration

@@ -39,11 +39,11 @@ from .filters import (
     date_navigation,
     state_counts,
 )
+from .holds import held_html
 from .page import (
     JobChangeList,
     failure_html,
     format_duration,
-    held_html,
     page_context,
     short_datetime,
     stuck_html,

@@ -21,7 +21,7 @@ from ..runner.stuck import Concern, Mark, with_liveness
 from ..states import LIVE_STATES, FailureReason, State
 from .attempts import attach_hand_backs, attempt_label
 from .filters import FAILURE_LABELS, local
-from .queue_limits import queue_hold_html
+from .workflow import workflow_context
 
 if TYPE_CHECKING:
     from .jobs import JobAdmin
@@ -109,22 +109,6 @@ def mark_text(mark: Mark) -> tuple[str, str]:
     ) % {"lost_after": lost_after}
 
 
-def held_html(job: Job) -> SafeString:
-    """For a queued job held by a concurrency limit (limits.py): it waits for a slot of its
-    task or key, which a running job of the key frees when it finishes. Not stuck."""
-    if job.state != State.QUEUED:
-        return SafeString("")
-    if not job.hold:
-        return queue_hold_html(job)
-    short = _("waits for a slot (limit %(n)s)") % {"n": job.concurrency_limit}
-    detail = _(
-        "Held by its concurrency limit: at most %(n)s jobs of this task (or of its "
-        "concurrency_key's value) run at once. It becomes runnable when one of them "
-        "finishes, oldest held first."
-    ) % {"n": job.concurrency_limit}
-    return format_html('<span class="jobstate-held" title="{}">{}</span>', detail, short)
-
-
 def stuck_html(marks: list[Mark]) -> SafeString:
     """why_stuck()'s marks, as shown beside a live attempt's state badge."""
     return format_html_join(
@@ -210,6 +194,7 @@ def page_context(
         attempt.handed_back, attempt.snoozed = earlier, snoozed  # type: ignore[attr-defined]
         attempt.attempt_label = attempt_label(attempt, earlier, snoozed)  # type: ignore[attr-defined]
     context: dict[str, Any] = {"attempts": attempts, **cancel_context(model_admin, request, job)}
+    context.update(workflow_context(model_admin, job))  # a step's: its workflow's picture
     if job.state != State.FAILED:
         return context
     refusal = model_admin.why_not_retried(job, attempts)

@@ -1,4 +1,4 @@
-"""Queue limits in the admin (queue_limits.py): the form of a queue's page that changes
+"""Queue limits in the admin (limits/queues.py): the form of a queue's page that changes
 them at run time, and the note beside a queued job that its queue's limit holds back."""
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from django.utils.safestring import SafeString
 from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
+from ..limits.queues import MAX_QUEUE_CONCURRENCY, QueueLimits, validate
 from ..managers.queue_claim import limited_queues
 from ..models import Job, JobQueue
-from ..queue_limits import MAX_QUEUE_CONCURRENCY, QueueLimits, validate
 from ..states import State
 
 # Running counts of limited queues, for the notes of one page of jobs: a second old at most.

@@ -22,7 +22,7 @@ from django.utils.translation import gettext as _
 from django.utils.translation import gettext_lazy
 
 from ..conf import get_settings
-from ..dbclock import Now
+from ..db.clock import Now
 from ..models import Job, WorkerHeartbeat
 from ..runner.stuck import silent_after
 from .held import attach_attempts, is_silent, relative, rescue_at, silence, unseen_html

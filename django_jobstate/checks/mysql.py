@@ -1,4 +1,4 @@
-"""System check of the MariaDB/MySQL form of the indexes (db_indexes.py, migration 0009)."""
+"""System check of the MariaDB/MySQL form of the indexes (db/indexes.py, migration 0009)."""
 
 from __future__ import annotations
 

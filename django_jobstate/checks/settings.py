@@ -260,9 +260,9 @@ def check_listen_database(app_configs: Any = None, **kwargs: Any) -> list[CheckM
 
 @register()
 def check_queue_limits(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
-    """Each TASKS alias's QUEUE_LIMITS (queue_limits.py): values a claim can use, for
+    """Each TASKS alias's QUEUE_LIMITS (limits/queues.py): values a claim can use, for
     queues the alias has."""
-    from ..queue_limits import validate
+    from ..limits.queues import validate
 
     errors: list[CheckMessage] = []
     tasks = getattr(settings, "TASKS", None)

@@ -10,10 +10,19 @@ base.py holds the one state check and fence they share (Writes._transition).
 """
 
 from ..exceptions import class_path, describe_error, storable_text
-from .base import ClaimKey, claim_key, close_connection, connection_lost, timeout_error, writing
+from .base import (
+    ClaimKey,
+    claim_key,
+    close_connection,
+    connection_lost,
+    timeout_error,
+    uuid7,
+    writing,
+)
 from .cancel import Cancel, CancelOutcome
 from .claim import Claim
-from .enqueue import ENQUEUE_CHUNK, Enqueue, uuid7
+from .enqueue import Enqueue
+from .insert import ENQUEUE_CHUNK
 from .outcomes import backoff_delay
 from .progress import Progress, check_metadata
 from .prune import Prune

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING
 from django.db import connections, models
 from django.db.models.functions import Coalesce
 
-from ..dbclock import Now
+from ..db.clock import Now
+from ..db.notify import NOTIFY_CANCEL
 from ..exceptions import JobCancelled, LostRace, describe_error
-from ..notify import NOTIFY_CANCEL
 from ..states import FailureReason, State
 from .base import Writes, brief_transaction, writing
 from .conflicts import retries_conflicts
@@ -57,6 +57,8 @@ class Cancel(Writes):
                             finished_at=Now(),
                             **describe_error(JobCancelled("it was cancelled before it started")),
                         )
+                        if job.has_dependents:  # what waits for it is cancelled too (deps.py)
+                            self._after_failure(db or "default", job)
                 except LostRace:
                     pass
                 else:

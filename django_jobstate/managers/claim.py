@@ -13,6 +13,7 @@ from .base import ClaimKey, claim_key, now_sql, write_lock_first
 from .conflicts import retries_conflicts
 from .mysql import MySQLWrites
 from .queue_claim import QueueClaim, limited_queues, limited_row
+from .rate_claim import RateClaim, rated_pairs
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -24,7 +25,7 @@ class Unreadable(str):
     __slots__ = ()
 
 
-class Claim(QueueClaim, MySQLWrites):
+class Claim(QueueClaim, RateClaim, MySQLWrites):
     @retries_conflicts
     def claim(
         self,
@@ -41,8 +42,9 @@ class Claim(QueueClaim, MySQLWrites):
         SKIP LOCKED, so concurrent claimers take different rows instead of waiting. Jobs
         of a paused queue (JobQueue) are never claimed: the statement itself excludes
         them, so a claim that starts after a pause committed sees it.
-        A queue with limits (queue_limits.py) is claimed apart, within them, under its
-        lock (queue_claim.py); the others as before.
+        A queue with limits (limits/queues.py) is claimed apart, within them, under its
+        lock (queue_claim.py); a rate-limited task's jobs apart too, at its rate
+        (rate_claim.py); the others as before.
 
         Jobs are claimed in claim order (priority first, then run_after, then id). The
         runnable index holds that order per queue: the statement takes the head of each
@@ -64,10 +66,12 @@ class Claim(QueueClaim, MySQLWrites):
         db = router.db_for_write(self.model)
         connection = connections[db]
         limited = limited_queues(db, queues)
-        if not limited:
+        rated = rated_pairs(db)  # cached: no statement while none waits
+        if not limited and not rated:
             return self._claim_rows(connection, db, worker_id, queues, limit, from_key)
         # Queues with limits, each in a transaction of its own (queue_claim.py), then the
-        # others in one statement, as without limits.
+        # rate-limited tasks' jobs of the others, per task (rate_claim.py), then the rest
+        # of the others in one statement, as without limits.
         jobs: list[Job] = []
         for queue in limited:
             if len(jobs) < limit:
@@ -75,6 +79,15 @@ class Claim(QueueClaim, MySQLWrites):
                     connection, db, worker_id, queue, limit - len(jobs), from_key
                 )
         free = [queue for queue in queues if queue not in limited]
+        by_task: dict[str, list[str]] = {}
+        for task, queue in rated:
+            if queue in free:
+                by_task.setdefault(task, []).append(queue)
+        for task, task_queues in by_task.items():
+            if len(jobs) < limit:
+                jobs += self._claim_rated(
+                    connection, db, worker_id, task, task_queues, limit - len(jobs)
+                )
         if free and len(jobs) < limit:
             jobs += self._claim_rows(connection, db, worker_id, free, limit - len(jobs), from_key)
         return sorted(jobs, key=claim_key)
@@ -214,7 +227,8 @@ class Claim(QueueClaim, MySQLWrites):
         ]
 
     def queue_names(self) -> list[str]:
-        """The queues that have queued jobs, paused ones included (not held ones: limits.py).
+        """The queues that have queued jobs, paused ones included (not those held by a
+        concurrency limit: limits.py).
 
         A loose index scan: one step of the runnable index per queue, from the end of
         each queue's range, where its newest jobs are, never the claimed rows whose index
@@ -242,4 +256,6 @@ class Claim(QueueClaim, MySQLWrites):
         """
         with connection.cursor() as cursor:
             cursor.execute(sql, [State.QUEUED, State.QUEUED])
-            return sorted(row[0] for row in cursor.fetchall())
+            found = {row[0] for row in cursor.fetchall()}
+        # And those where only rate-limited tasks' jobs wait (rate_claim.py, cached).
+        return sorted(found | {queue for _, queue in rated_pairs(connection.alias)})

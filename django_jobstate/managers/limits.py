@@ -1,4 +1,4 @@
-"""Concurrency limits (limits.py): handing out the slots of a key.
+"""Concurrency limits (limits/concurrency.py): handing out the slots of a key.
 
 A limited row enters held (enqueue.py, and a retry in outcomes.py), and then, in the same
 transaction, its key's free slots go to the oldest held rows of the key in claim order
@@ -24,8 +24,8 @@ from django.db import IntegrityError, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import QuerySet
 
-from ..limits import HELD, HOLDS_SLOT, Hold
-from ..notify import NOTIFY_QUEUE, queue_payload
+from ..db.notify import NOTIFY_QUEUE, queue_payload
+from ..limits.concurrency import HELD, HOLDS_SLOT, Hold
 from ..states import State
 from .base import Writes
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 # MariaDB/MySQL: the virtual column of the unique slot index (migration 0015), the key of a
 # row that holds a live slot, else NULL. Their optimizer cannot match the condition to it.
 MYSQL_SLOT_KEY = "mysql_concurrency_slot_key"
-# The unique index on (key, slot) of live rows (concurrency.py), named in its errors.
+# The unique index on (key, slot) of live rows (limits/fields.py), named in its errors.
 SLOT_INDEX = "jobstate_job_concurrency_slot"
 # The claim order of held rows (the index jobstate_job_held).
 _CLAIM_ORDER = ("-priority", "run_after", "id")
@@ -157,14 +157,15 @@ class Limits(Writes):
             free = [slot for slot in range(1, head + 1) if slot not in used]
             if not free:
                 continue
-            rows = held.values_list("pk", "queue_name", "priority")[: len(free)]
-            for pk, queue, priority in rows:
+            rows = held.values_list("pk", "queue_name", "priority", "rate_limit")[: len(free)]
+            for pk, queue, priority, rate in rows:
                 # Conditional: a held row cancelled meanwhile keeps its place out of this.
                 try:
                     given = (
                         self.using(db)
                         .filter(pk=pk, state=State.QUEUED, hold=Hold.LIMIT)
-                        .update(hold=None, concurrency_slot=free[0])
+                        # A rate-limited row goes on to wait for its rate (rates.py).
+                        .update(hold=Hold.RATE if rate else None, concurrency_slot=free[0])
                     )
                 except IntegrityError as exc:
                     if SLOT_INDEX not in str(exc) and "concurrency_slot" not in str(exc):

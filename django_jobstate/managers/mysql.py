@@ -118,11 +118,12 @@ class MySQLWrites(Writes):
             return sorted(won, key=claim_key)
 
     def _succeed_many_mysql(
-        self, db: str, worker_id: str, outcomes: Sequence[tuple[Job, Any]]
+        self, db: str, worker_id: str, outcomes: Sequence[tuple[Job, Any]], linked: bool
     ) -> set[int]:
         """succeed_many() without UPDATE ... RETURNING: lock the rows still running for
         `worker_id` (those are the ones this transaction writes: nobody can move them
-        until it commits), then write each one's value by primary key."""
+        until it commits), then write each one's value by primary key. A row with
+        dependents only if `linked` (deps.py), as on the other databases."""
         connection = connections[db]
         table = connection.ops.quote_name(self.model._meta.db_table)
         values = {job.pk: json.dumps(value) for job, value in outcomes}
@@ -131,8 +132,8 @@ class MySQLWrites(Writes):
             marks = ", ".join(["%s"] * len(values))
             cursor.execute(
                 f"SELECT `id` FROM {table} {BY_ID} WHERE `id` IN ({marks}) AND `state` = %s "
-                f"AND `worker_id` = %s FOR UPDATE",
-                [*values, State.RUNNING, worker_id],
+                f"AND `worker_id` = %s AND (NOT `has_dependents` OR %s) FOR UPDATE",
+                [*values, State.RUNNING, worker_id, linked],
             )
             mine = [row[0] for row in cursor.fetchall()]
             if not mine:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
-from ..queue_limits import QueueLimits, burst, effective, parse_rate, row_limits, settings_limits
+from ..limits.queues import QueueLimits, burst, effective, parse_rate, row_limits, settings_limits
 from ..states import State
 from .base import ClaimKey, from_db, now_sql
 
@@ -116,6 +116,17 @@ class QueueClaim:
             limited: bool = False,
         ) -> list[Job]: ...
 
+        def _claim_rated(
+            self,
+            connection: BaseDatabaseWrapper,
+            db: str,
+            worker_id: str,
+            task: str,
+            queues: list[str],
+            limit: int,
+            limited: bool = False,
+        ) -> list[Job]: ...
+
     def _claim_limited(
         self,
         connection: BaseDatabaseWrapper,
@@ -128,6 +139,7 @@ class QueueClaim:
         """Claim up to `limit` jobs of the limited `queue`, within its limits (nothing if
         another claimer holds its lock now)."""
         from ..models import JobQueue
+        from .rate_claim import rated_pairs  # which imports this module
 
         if connection.vendor == "mysql" and (db, queue) not in _rows_made:
             JobQueue.objects.using(db).get_or_create(name=queue)  # the row its lock is
@@ -148,6 +160,11 @@ class QueueClaim:
             if cap <= 0:
                 return []
             jobs = self._claim_rows(connection, db, worker_id, [queue], cap, from_key, True)
+            for task, rated_queue in rated_pairs(db) if len(jobs) < cap else []:
+                if rated_queue == queue and len(jobs) < cap:  # within the queue's limits too
+                    jobs += self._claim_rated(
+                        connection, db, worker_id, task, [queue], cap - len(jobs), True
+                    )
             if tokens is not None and jobs:
                 if row is None:
                     row, _ = JobQueue.objects.using(db).get_or_create(name=queue)

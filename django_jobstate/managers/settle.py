@@ -13,7 +13,7 @@ from django.db import DatabaseError, connections, router
 from django.db.models import Exists
 
 from ..conf import get_settings
-from ..dbclock import Now
+from ..db.clock import Now
 from ..exceptions import JobCancelled, LostRace, WorkerLost, describe_error
 from ..states import FailureReason
 from ..telemetry import metrics

@@ -7,7 +7,7 @@ Other databases have no LISTEN; their workers poll.
 
 from django.db import migrations
 
-CHANNEL = "django_jobstate"  # django_jobstate.notify.CHANNEL, frozen for this migration
+CHANNEL = "django_jobstate"  # django_jobstate.db.notify.CHANNEL, frozen for this migration
 
 
 def create_trigger(apps, schema_editor):

@@ -8,7 +8,7 @@ import django.db.models.deletion
 import django.db.models.expressions
 from django.db import migrations, models
 
-CHANNEL = "django_jobstate"  # django_jobstate.notify.CHANNEL, frozen for this migration
+CHANNEL = "django_jobstate"  # django_jobstate.db.notify.CHANNEL, frozen for this migration
 
 
 def drop_trigger(apps, schema_editor):

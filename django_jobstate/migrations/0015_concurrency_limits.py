@@ -1,4 +1,4 @@
-# Concurrency limits (limits.py): the columns of a key's slots, the index of held rows,
+# Concurrency limits (limits/concurrency.py): the columns of a key's slots, the index of held rows,
 # the constraints that refuse over-concurrency, and the claim's index without held rows.
 # On MariaDB/MySQL (no partial indexes) the unique slot index is made as migration 0009
 # makes the others: over a virtual column that is NULL when the row holds no live slot;

@@ -19,7 +19,8 @@ from datetime import timedelta
 
 from django.db import DatabaseError, connections
 
-from ..dbclock import Now
+from ..db.clock import Now
+from ..limits.concurrency import Hold
 from ..models import Job, JobQueue
 
 logger = logging.getLogger("django_jobstate.worker")
@@ -59,10 +60,17 @@ class BurstEnd:
         later = jobs.filter(
             run_after__gt=Now(), run_after__lte=Now() + timedelta(seconds=BURST_HORIZON)
         )
+        # Due jobs of rate-limited tasks (limits/rates.py): they start as their rate allows.
+        rated = (
+            Job.objects.queued()
+            .filter(hold=Hold.RATE, run_after__lte=Now() + timedelta(seconds=BURST_HORIZON))
+            .for_queues(self.queues)
+            .exclude(queue_name__in=paused)
+        )
         try:
             # `later` first: a job that falls due between the two reads is then runnable
             # in the second (the other order would miss it in both, and exit before it).
-            due_later = later.exists()
+            due_later = later.exists() or rated.exists()
             ids = list(runnable.values_list("pk", flat=True)[:LOCKED_LISTED])
         except DatabaseError:
             connections[self.db].close()

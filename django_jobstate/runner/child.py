@@ -15,6 +15,7 @@ from multiprocessing.connection import Connection
 from typing import Any
 
 from ..telemetry import metrics
+from .forking import PRELOAD, on_sigterm, release_server
 from .ledger import Ledger
 
 EXIT_RECYCLE = 3  # the worker ran --max-jobs jobs: replace it
@@ -39,30 +40,47 @@ def run_child(
     options: dict[str, Any],
     verbosity: int,
     ledger: Ledger,
-    parent: int,
+    parents: tuple[int, ...],
     inbox: Connection | None = None,
+    metrics_dir: str | None = None,
 ) -> None:
-    """The body of a worker process; `inbox`: its pipe from the supervisor's relay."""
+    """The body of a worker process; `inbox`: its pipe from the supervisor's relay.
+
+    `parents`: the pids its parent may have while the supervisor lives (forking.py); the
+    supervisor's is first. `metrics_dir`: where --metrics-port's counts go (passed, not
+    inherited: the fork server may have started before the supervisor made it)."""
     _die_with_parent()
+    preloaded = sys.modules.get(PRELOAD)  # forked from the fork server: Django is set up
+    if preloaded is not None:
+        release_server()
+    if failure := getattr(preloaded, "failure", None):
+        sys.stderr.write(failure)
+        sys.exit(1)
     import django
 
-    django.setup()
+    django.setup()  # spawned: the whole setup; forked: only the logging, again
+    from ..db.sqlite_turns import join_workers
     from ..receivers import watch_for_dead_peers
     from .wakeup import receive_from
     from .worker import Worker
 
     watch_for_dead_peers()
+    join_workers()  # SQLite: runjobs' party at the write lock (db/sqlite_turns.py)
 
     if inbox is not None:
         receive_from(inbox)  # its Waiter reads the relay instead of listening itself
 
     configure_logging(verbosity)  # a spawned process starts with the project's logging only
-    if os.environ.get(metrics.ENV):  # the supervisor serves --metrics-port
+    if metrics_dir:  # the supervisor serves --metrics-port
+        os.environ[metrics.ENV] = metrics_dir
         metrics.install()
     # Ctrl-C reaches the whole process group: the supervisor alone decides what it means.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # Its parent: the supervisor, or the fork server, which exits with the supervisor. A
+    # parent that is neither: the supervisor is already gone, and the worker stops.
+    parent = os.getppid() if os.getppid() in parents else parents[0]
     worker = Worker(**options, ledger=ledger, parent=parent)
-    signal.signal(signal.SIGTERM, lambda signum, frame: worker.stop())
+    on_sigterm(lambda signum, frame: worker.stop())
     worker.run()
     if worker.unavailable:
         sys.exit(EXIT_UNAVAILABLE)

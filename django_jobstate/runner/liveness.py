@@ -75,7 +75,7 @@ class Pulse:
 
     def rescue(self, judges: list[str]) -> int:
         """Fail the attempts of lost workers, if this process may judge; return how many.
-        Also the safety net of concurrency limits: free slots to held rows (limits.py)."""
+        Also the safety net of concurrency limits: free slots to held rows (limits/)."""
         if not self.may_judge or not judges:
             return 0
         try:

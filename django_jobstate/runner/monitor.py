@@ -79,6 +79,12 @@ class Monitor(threading.Thread):
             self._pending.append(write)
         self._wake.set()
 
+    def written(self) -> bool:
+        """Whether every write submitted so far is done (a write leaves the queue once it
+        has been made)."""
+        with self._lock:
+            return not self._pending
+
     def run(self) -> None:
         from ..heartbeats import Process
         from ..managers import close_connection

@@ -21,8 +21,8 @@ from ..backend import JobStateBackend, to_task_result
 from ..exceptions import LostRace
 from ..managers import connection_lost, describe_error
 from ..models import Job
-from ..retries import Next, decide
 from ..states import FailureReason, State
+from ..task_options.retries import Next, decide
 from ..tasksapi import Task, send, task_finished
 from ..telemetry import metrics
 from ..telemetry.logs import job_fields

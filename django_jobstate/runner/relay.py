@@ -30,7 +30,7 @@ from typing import Any
 
 from django.db import connections, router
 
-from ..notify import CANCEL_CHANNEL, CHANNEL, SCHEDULES_CHANNEL, queue_payload, serves
+from ..db.notify import CANCEL_CHANNEL, CHANNEL, SCHEDULES_CHANNEL, queue_payload, serves
 from .wakeup import listen
 
 logger = logging.getLogger("django_jobstate.worker")

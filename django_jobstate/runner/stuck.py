@@ -6,7 +6,7 @@ when no `runjobs` has been up that long (after a restart, or with every worker g
 asked to cancel, or past its timeout, stays `running` until its supervisor stops it,
 which a dead supervisor never does. Until then it looks like any running attempt. A
 queued attempt of a paused queue (queues.py) waits until someone resumes it, however due.
-One held by a concurrency limit (limits.py) is not stuck: it waits for a slot of its key.
+One held by a concurrency limit (limits/) is not stuck: it waits for a slot of its key.
 
 These are marks for people (the job admin's list and page), never writes: settling such
 attempts is the rescuer's and the supervisor's (managers/settle.py). They are judged by
@@ -28,7 +28,7 @@ from django.db.models import BooleanField, Exists, F, Func, OuterRef, Q, QuerySe
 from django.db.models.sql.compiler import SQLCompiler
 
 from ..conf import Settings, get_settings
-from ..dbclock import Now
+from ..db.clock import Now
 from ..states import LIVE_STATES, State
 
 if TYPE_CHECKING:
@@ -101,7 +101,7 @@ class PastTimeout(Func):
         timeout_sql, timeout_params = compiler.compile(timeout)
         if connection.vendor == "postgresql":
             sql = f"{started_sql} + {timeout_sql} * INTERVAL '1 second' < STATEMENT_TIMESTAMP()"
-        elif connection.vendor == "mysql":  # UTC, as dbclock.Now
+        elif connection.vendor == "mysql":  # UTC, as db.clock.Now
             sql = (
                 f"{started_sql} + INTERVAL ROUND({timeout_sql} * 1000000) MICROSECOND "
                 f"< UTC_TIMESTAMP(6)"
@@ -118,7 +118,7 @@ def stuck(concern: Concern, settings: Settings | None = None) -> Q:
 
     settings = settings or get_settings()
     if concern == Concern.QUEUE_PAUSED:
-        # Not a job held by a concurrency limit: it waits for a slot first (limits.py).
+        # Not a job held by a concurrency limit: it waits for a slot first (limits/concurrency.py).
         paused = JobQueue.objects.paused().values("name")
         return Q(state=State.QUEUED, hold=None, queue_name__in=paused)
     if concern in (Concern.SILENT, Concern.UNSEEN):
@@ -150,7 +150,7 @@ def why_stuck(job: Job) -> list[Mark]:
     now: datetime = job.db_now  # type: ignore[attr-defined]
     if job.state == State.QUEUED:
         paused_at: datetime | None = job.queue_paused_at  # type: ignore[attr-defined]
-        if paused_at is None or job.hold:  # held: waits for a slot (admin/page.held_html)
+        if paused_at is None or job.hold:  # held: waits for a slot (admin/holds.py)
             return []
         return [Mark(Concern.QUEUE_PAUSED, paused_at, max(now - paused_at, timedelta()), 0.0)]
     started = job.started_at

@@ -22,7 +22,6 @@ from __future__ import annotations
 import functools
 import logging
 import math
-import multiprocessing
 import os
 import signal
 import time
@@ -36,6 +35,7 @@ from ..exceptions import WorkerInterrupted, WorkerLost
 from ..states import FailureReason
 from ..telemetry import metrics
 from .child import EXIT_RECYCLE, EXIT_UNAVAILABLE, run_child
+from .forking import parents, start_server, worker_context
 from .ledger import STARTED, Ledger, ledger_size
 from .monitor import Monitor, release, settle
 
@@ -51,6 +51,8 @@ logger = logging.getLogger("django_jobstate.worker")
 # the same batch, are handed back for other workers to run.
 HOLD_LIMIT = 0.5
 RESPAWN_DELAY = 1.0  # before replacing a worker that died within a second (no database?)
+# A --burst run waits this long at most for the settle of a worker before replacing it.
+SETTLE_WAIT = 10.0
 
 
 def supervisor_id(prefix: str | None) -> str:
@@ -92,6 +94,7 @@ class Supervisor:
         self.batch_size = options.pop("max_batch", MAX_BATCH)
         self.schedules = options.pop("schedules", False)  # run a scheduler (scheduler.py)
         self.stopping = False
+        self._deferred: dict[int, float] = {}  # slot -> when its respawn first waited
         self.interrupted = False
         self.unavailable = False  # a --burst worker could not reach the database
         self.workers: dict[str, int] = {}  # {worker_id: pid} of the live workers, for beats
@@ -99,7 +102,7 @@ class Supervisor:
         self._spawned = 0
         self._children: dict[int, Child] = {}
         self._respawn_at: dict[int, float] = {}
-        self._context = multiprocessing.get_context("spawn")
+        self._context = worker_context()  # forked from a fork server where possible
         self.monitor = Monitor(self)
         self.scheduler: SchedulerThread | None = None
         self.relay = Relay(
@@ -118,6 +121,7 @@ class Supervisor:
             queues,
             extra={"event": "supervisor.started", "supervisor_id": self.base_id},
         )
+        start_server(self._context)  # sets Django up while the threads below start
         self.relay.start()  # before the workers: none misses a job enqueued as it starts
         self.monitor.start()
         if self.schedules:
@@ -198,9 +202,22 @@ class Supervisor:
                 )
                 self.monitor.submit(functools.partial(release, child.worker_id, held))
         for slot, at in list(self._respawn_at.items()):
-            if now >= at:
-                del self._respawn_at[slot]
-                self._spawn(slot)
+            if now < at:
+                continue
+            # The settle of the worker it replaces may queue a retry (a timeout, a killed
+            # worker): a --burst worker started before it lands could find nothing, end
+            # the run, and leave the retry queued. Not for ever: with the database down,
+            # the new worker says so (the run exits 3).
+            if (
+                self.options.get("burst")
+                and not self.monitor.written()
+                and now - self._deferred.setdefault(slot, now) < SETTLE_WAIT
+            ):
+                self._respawn_at[slot] = now + 0.05
+                continue
+            self._deferred.pop(slot, None)
+            del self._respawn_at[slot]
+            self._spawn(slot)
 
     def _publish(self) -> None:
         """Hand the monitor thread the workers to beat for (one assignment each: no lock)."""
@@ -216,7 +233,14 @@ class Supervisor:
         inbox = self.relay.add(worker_id)
         process = self._context.Process(
             target=run_child,
-            args=(options, self.verbosity, ledger, os.getpid(), inbox),
+            args=(
+                options,
+                self.verbosity,
+                ledger,
+                parents(self._context),
+                inbox,
+                os.environ.get(metrics.ENV),
+            ),
             name=f"runjobs worker {worker_id}",
         )
         process.start()

@@ -36,7 +36,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import get_settings
-from ..notify import CHANNEL, parse_payload, serves
+from ..db.notify import CHANNEL, parse_payload, serves
 
 logger = logging.getLogger("django_jobstate.worker")
 

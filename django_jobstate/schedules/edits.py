@@ -9,7 +9,7 @@ enqueued (never early, never at a tick already enqueued). Were a tick to commit 
 the edit's read and its write, the write matches no row, and is made again over the row
 as it is then.
 
-Each write sends a notification on PostgreSQL when it commits (notify.py): the relay of
+Each write sends a notification on PostgreSQL when it commits (db/notify.py): the relay of
 every runjobs supervisor hears it and wakes its scheduler, which reads the rows at once.
 Elsewhere the schedulers read them at their next wake-up (scheduler.MAX_SLEEP at most).
 """
@@ -24,8 +24,8 @@ from django.conf import settings
 from django.db import IntegrityError, connections, router, transaction
 
 from ..backend import JobStateBackend
+from ..db.notify import NOTIFY_SCHEDULES
 from ..loading import load_task
-from ..notify import NOTIFY_SCHEDULES
 from ..tasksapi import InvalidTask, task_backends
 from .definitions import PRUNE_SCHEDULE, Definition, ScheduleError, parse
 from .model import Origin, Schedule

@@ -11,7 +11,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from .. import db_indexes
+from ..db import indexes as db_indexes
 from .definitions import CATCH_UP, DEFAULT_MAX_LATENESS
 
 

@@ -34,7 +34,7 @@ from django.db.models import F, Q
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
-from ..dbclock import Now
+from ..db.clock import Now
 from ..managers import connection_lost
 from ..models import Job, Schedule
 from ..tasksapi import InvalidTask

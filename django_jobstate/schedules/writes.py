@@ -15,7 +15,8 @@ from django.db import DatabaseError, connections, router, transaction
 from django.utils import timezone
 
 from ..conf import get_settings
-from ..limits import concurrency_key, is_limited
+from ..limits.concurrency import concurrency_key, is_limited
+from ..limits.rates import rate_limit
 from ..loading import load_task
 from ..managers.conflicts import lock_conflict
 from ..models import Job, Schedule
@@ -231,9 +232,11 @@ def enqueue_tick(db: str, d: Definition, tick: datetime, *, last_result_id: Any 
     elif d.unique:
         key = hashlib.sha256(f"schedule:{d.name}".encode()).hexdigest()
         unique = {"unique_keys": [key], "unique_scope": UniqueScope.LIVE}
-    if is_limited(task):  # a tick waits for a slot as an enqueue() does (limits.py)
+    if is_limited(task):  # a tick waits for a slot as an enqueue() does (limits/concurrency.py)
         unique["concurrency_keys"] = [concurrency_key(task, d.args, d.kwargs)]
         unique["concurrency_limit"] = task.concurrency  # type: ignore[attr-defined]
+    if (rate := rate_limit(task)) is not None:  # a tick starts at the task's rate too
+        unique["rate_limit"] = rate
     defaults = get_settings()
 
     def option(name: str) -> Any:

@@ -110,7 +110,7 @@ def queue_ages() -> tuple[dict[str, float], dict[str, float], set[str]]:
     ones apart (their jobs are not runnable), and the paused queues' names."""
     from django.db.models import Min
 
-    from ..dbclock import Now
+    from ..db.clock import Now
     from ..models import Job, JobQueue
 
     paused = JobQueue.objects.paused_names()
@@ -182,7 +182,7 @@ class HeartbeatCollector:
         from prometheus_client.core import GaugeMetricFamily
 
         from ..conf import get_settings
-        from ..dbclock import Now
+        from ..db.clock import Now
         from ..models import WorkerHeartbeat
 
         lost_after = get_settings().LOST_AFTER

@@ -8,8 +8,8 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError
 
+from django_jobstate.limits.queues import effective
 from django_jobstate.models import Job, JobQueue
-from django_jobstate.queue_limits import effective
 from django_jobstate.queue_names import check_known, configured_queues
 from django_jobstate.states import State
 

@@ -25,7 +25,9 @@ class Command(BaseCommand):
         'PATH, "limit": N, "held": N}] (queued jobs waiting for a slot of a concurrency limit: '
         'not runnable, not stuck), "held_by_queue_limits": [{"queue": NAME, "limits": TEXT, '
         '"from": "settings" or "run time", "running": N, "due": N}] (limited queues with due '
-        'jobs, which wait for room in the queue), "workers": [{"worker_id": ID, '
+        'jobs, which wait for room in the queue), "held_by_rates": [{"task": PATH, "rate": '
+        'TEXT, "due": N}] (due jobs of rate-limited tasks, which start at that rate), '
+        '"workers": [{"worker_id": ID, '
         '"host": HOST, "pid": PID, "last_seen_age_seconds": SECONDS, "lost": BOOL, '
         '"running": N}], "lost_workers": N}. A worker with running attempts but no '
         "heartbeat has host, pid and last_seen_age_seconds null, and is lost."
@@ -72,6 +74,11 @@ class Command(BaseCommand):
                 f"Queue {queue['queue']} is limited ({queue['limits']}, from the "
                 f"{queue['from']}): {queue['running']} running, {queue['due']} due jobs wait "
                 f"for room in it, not stuck."
+            )
+        for rated in stats["held_by_rates"]:
+            self.stdout.write(
+                f"{rated['due']} due jobs of {rated['task']} start at its rate limit "
+                f"({rated['rate']}, across all workers): they wait for their turn, not stuck."
             )
         workers = [
             [

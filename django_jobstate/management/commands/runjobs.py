@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from django.core.management.base import BaseCommand, CommandError
 from django.db import DatabaseError, connections
 
+from django_jobstate.db.sqlite_turns import join_workers
 from django_jobstate.management.arguments import (
     port_number,
     positive_float,
@@ -19,6 +20,7 @@ from django_jobstate.management.arguments import (
 )
 from django_jobstate.receivers import watch_for_dead_peers
 from django_jobstate.runner.child import configure_logging
+from django_jobstate.runner.forking import start_server, worker_context
 from django_jobstate.runner.supervisor import Supervisor
 
 if TYPE_CHECKING:
@@ -94,6 +96,13 @@ class Command(BaseCommand):
 
     def execute(self, *args: Any, **options: Any) -> Any:
         self._burst = bool(options.get("burst"))
+        # A SIGTERM or Ctrl-C from here on stops runjobs as it would later, even before
+        # handle() has its supervisor (the checks may wait for the database): handle()
+        # passes it on, and the supervisor starts no worker. Before this point (Python and
+        # Django starting) the signal's default action ends the process, as for any program.
+        self._early_signals: list[int] = []
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda signum, frame: self._early_signals.append(signum))
         return super().execute(*args, **options)
 
     def check(self, *args: Any, **kwargs: Any) -> None:
@@ -120,10 +129,17 @@ class Command(BaseCommand):
                     )
                     said = True
                 time.sleep(1.0)  # a server restart takes seconds
+                if self._early_signals:
+                    self.stderr.write("Stopped while waiting for the database: no job was run.")
+                    raise SystemExit(0) from None
 
     def handle(self, *args: Any, **options: Any) -> None:
         configure_logging(options["verbosity"])
+        # The workers' fork server sets Django up while this process checks the database
+        # and starts its threads (forking.py).
+        start_server(worker_context())
         watch_for_dead_peers()
+        join_workers()  # SQLite: runjobs' party at the write lock (db/sqlite_turns.py)
         refuse_to_start(options["queues"], burst=options["burst"])
         if options["metrics_port"] is not None and not importlib.util.find_spec(
             "prometheus_client"
@@ -165,6 +181,8 @@ class Command(BaseCommand):
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        for signum in self._early_signals:  # came while runjobs started
+            on_signal(signum, None)
         try:
             supervisor.run()
         finally:

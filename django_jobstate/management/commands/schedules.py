@@ -159,7 +159,9 @@ class Command(BaseCommand):
             schedule = Schedule.objects.get(name=name, removed_at=None)
         except Schedule.DoesNotExist:
             known = ", ".join(
-                Schedule.objects.filter(removed_at=None).values_list("name", flat=True)
+                Schedule.objects.filter(removed_at=None)
+                .order_by("name")
+                .values_list("name", flat=True)
             )
             raise CommandError(
                 f"No schedule {name!r}; the schedules are: {known or 'none'}."

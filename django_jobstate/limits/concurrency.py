@@ -21,10 +21,10 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from .payload import encode_payload
-from .states import State
-from .tasksapi import InvalidTask, Task
-from .uniqueness import _digest, refuse_unknown_parameters
+from ..payload import encode_payload
+from ..states import State
+from ..tasksapi import InvalidTask, Task
+from ..uniqueness import _digest, refuse_unknown_parameters
 
 # A SMALLINT column holds the limit and the slot.
 MAX_CONCURRENCY = 32767
@@ -32,6 +32,11 @@ MAX_CONCURRENCY = 32767
 
 class Hold(models.TextChoices):
     LIMIT = "limit", _("Waiting for a slot of its concurrency limit")
+    # Claimable, but only by the claim of its task's rate (limits/rates.py), apart.
+    RATE = "rate", _("Started at its task's rate")
+    # A step of a workflow, or a task enqueued with depends_on: it waits until every task
+    # it depends on succeeded (managers/deps.py releases it).
+    DEPS = "deps", _("Waiting for the tasks it depends on")
 
 
 # The rows that hold a slot of their key: the condition of the unique index on

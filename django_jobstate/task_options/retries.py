@@ -16,9 +16,9 @@ from typing import Any
 
 from django.utils.module_loading import import_string
 
-from .exceptions import DoNotRetry, Snooze, SnoozeLimitReached, delay_seconds
-from .states import FailureReason
-from .tasksapi import InvalidTask, Task
+from ..exceptions import DoNotRetry, Snooze, SnoozeLimitReached, delay_seconds
+from ..states import FailureReason
+from ..tasksapi import InvalidTask, Task
 
 DEFAULT_MAX_SNOOZES = 20
 MAX_SNOOZES_LIMIT = 1000

@@ -5,23 +5,27 @@ app's): `{"wagtail.search.tasks.x": {"unique": True}}`. A value there wins over 
 task's own `@task(...)` value, as Celery's task annotations do: the setting is the
 deployer's, changed without touching the task's code. It is applied at enqueue (the row
 keeps max_attempts, backoff, timeout and the unique key) and by workers (atomic).
+
+Beside it: retries.py, the retry policies (what follows an attempt whose task raised), and
+plan.py, what enqueue() works out once per task from these options.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from numbers import Real
 from typing import Any, cast
 
 from django.utils.module_loading import import_string
 
-from .conf import LIMIT_NAMES, YEAR, get_settings
-from .exceptions import InvalidPayload
-from .limits import validate_concurrency
+from ..conf import LIMIT_NAMES, YEAR, get_settings
+from ..exceptions import InvalidPayload
+from ..limits.concurrency import validate_concurrency
+from ..limits.rates import validate_rate_limit
+from ..tasksapi import BaseTaskBackend, InvalidTask, Task
+from ..uniqueness import UniqueScope, validate_unique
 from .retries import DEFAULT_MAX_SNOOZES, from_setting, validate_retry_options
-from .tasksapi import BaseTaskBackend, InvalidTask, Task
-from .uniqueness import UniqueScope, validate_unique
 
 # The options JOBSTATE_TASK_OPTIONS may set: JobStateTask's, save the per-call ones
 # (unique_key, metadata) and Django's own (a queue or a priority is chosen per call).
@@ -37,6 +41,7 @@ SETTABLE = (
     "max_snoozes",
     "concurrency",
     "concurrency_key",
+    "rate_limit",
 )
 DEFAULT_SETTING = {
     "max_attempts": "JOBSTATE_DEFAULT_MAX_ATTEMPTS",
@@ -73,8 +78,13 @@ class JobStateTask(Task):
     # `concurrency_key` parameters (limits.py).
     concurrency: int | None = None
     concurrency_key: Sequence[str] | None = None
+    # At most this many starts per second, minute, hour or day across every worker:
+    # "10/s", "100/m" (limits/rates.py).
+    rate_limit: str | None = None
     # The job's metadata at enqueue, per call: task.using(metadata={...}). Not hashed: a dict.
     metadata: dict[str, Any] | None = field(default=None, hash=False)
+    # Result ids of the tasks that must succeed first, per call: task.using(depends_on=[...]).
+    depends_on: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.unique, list):  # hashable, as the rest of a Task
@@ -108,13 +118,19 @@ class JobStateTask(Task):
         *,
         unique_key: str | None = None,
         metadata: dict[str, Any] | None = None,
+        depends_on: Iterable[Any] | None = None,
         **options: Any,
     ) -> JobStateTask:
-        """Django's using(), plus `unique_key` (this call's key for uniqueness) and
-        `metadata` (the dict stored with each job enqueued)."""
+        """Django's using(), plus `unique_key` (this call's key for uniqueness),
+        `metadata` (the dict stored with each job enqueued) and `depends_on` (result ids,
+        or TaskResults, of the tasks that must succeed before it runs)."""
         # Task.using, not super(): zero-argument super() fails in a slots dataclass.
         task = cast(JobStateTask, Task.using(self, **options))
         ours: dict[str, Any] = {"unique_key": unique_key, "metadata": metadata}
+        if depends_on is not None:
+            from ..managers.deps import as_result_ids
+
+            ours["depends_on"] = tuple(str(up) for up in as_result_ids(depends_on))
         ours = {name: value for name, value in ours.items() if value is not None}
         return replace(task, **ours) if ours else task
 
@@ -151,7 +167,7 @@ def validate_options(task: Task) -> None:
     _check_option(task, "backoff", minimum=0, maximum=YEAR)
     _check_option(task, "timeout", minimum=0.001, maximum=YEAR)
     if (metadata := getattr(task, "metadata", None)) is not None:
-        from .managers.progress import check_metadata
+        from ..managers.progress import check_metadata
 
         try:
             check_metadata(metadata)
@@ -163,6 +179,7 @@ def validate_options(task: Task) -> None:
         )
     validate_unique(task)
     validate_concurrency(task)
+    validate_rate_limit(task)
     validate_retry_options(task)
 
 

@@ -1,0 +1,146 @@
+"""The markdown of issue 28's figures: the ceiling, the continuous load and the vacuum
+pressure, each ratio against its target, and the job table over time."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bench.benchmark.bench_watch import RUNNABLE_INDEX
+
+SERIES_ROWS = 12  # rows of a run's table over time (the JSON has every sample)
+PRESSURE_NAMES = {
+    "idle_xact": "an idle-in-transaction session holding an XID",
+    "readers": "four REPEATABLE READ readers scanning the job table",
+}
+
+
+def verdict(met: bool | None) -> str:
+    return "n/a" if met is None else "met" if met else "**NOT MET**"
+
+
+def num(value: Any, fmt: str = "{:,.0f}") -> str:
+    return "n/a" if value is None else fmt.format(value)
+
+
+def load_lines(results: dict[str, Any], sizes: Any) -> list[str]:
+    """Issue 28's section of the report (empty if none of its figures ran)."""
+    out: list[str] = []
+    ceiling = (results.get("ceiling") or {}).get("jobstate")
+    if ceiling and "error" not in ceiling:
+        f = ceiling["fraction"]
+        out += [
+            "",
+            f"Ceiling (issue 28): plain SQL on the same PostgreSQL, {ceiling['clients']} client "
+            f"processes, a claim of {ceiling['batch']} rows (FOR UPDATE SKIP LOCKED) and a "
+            f"conditional completion per batch, {ceiling['n']:,} jobs in the package's table: "
+            f"{num(ceiling['sql']['rate'])} jobs/s (runs {runs(ceiling['sql'])}); "
+            f"django-jobstate's no-op drain, {ceiling['clients']} workers, same N: "
+            f"{num(ceiling['jobstate']['rate'])} jobs/s (runs {runs(ceiling['jobstate'])}), "
+            f"{num(f, '{:.2f}')} of the ceiling (target >= 0.7): {verdict(f and f >= 0.7)}",
+        ]
+    load = (results.get("continuous") or {}).get("jobstate")
+    if load and "error" not in load:
+        out += continuous_lines(load, sizes)
+    pressure = (results.get("pressure") or {}).get("jobstate")
+    if pressure and "error" not in pressure:
+        out += pressure_lines(pressure, sizes)
+    return out
+
+
+def runs(result: dict[str, Any]) -> str:
+    return " / ".join(num(rate) for rate in result.get("runs", []))
+
+
+def step_note(step: dict[str, Any]) -> str:
+    if not step["kept_up"]:
+        return f" (the producer enqueued {step['fed']:,} of {step['due']:,})"
+    return "" if step["sustained"] else f" (queue {step['depth']:,})"
+
+
+def continuous_lines(load: dict[str, Any], sizes: Any) -> list[str]:
+    ratio = load["ratio"]
+    steps = ", ".join(f"{step['rate']:,.0f}{step_note(step)}" for step in load["steps"])
+    out = [
+        "",
+        f"Continuous load (issue 28): {load['workers']} worker processes, 1 ms jobs. No-op "
+        f"drain {num(load['drain'])} jobs/s; highest rate sustained with a bounded queue "
+        f"{num(load['max_rate'])} jobs/s (bulk producer, {sizes.step:g} s a step: {steps}), "
+        f"{num(ratio, '{:.2f}')} of the drain (target >= 0.5): "
+        f"{verdict(ratio and ratio >= 0.5)}",
+        "",
+        "| run | asked (jobs/s) | enqueued (jobs/s) | producers | done (jobs/s) | pickup p50 (ms) "
+        "| p99 (ms) | max queue | dead tuples at end | runnable index at end (KiB) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for key, run in load["runs"].items():
+        end = run["samples"][-1]
+        out.append(
+            f"| {key} | {run['rate']:,.0f} | {run['fed_rate']:,.0f} | {run['producers']} | "
+            f"{num(run['throughput'])} | {num(run['p50'], '{:.1f}')} | "
+            f"{num(run['p99'], '{:.1f}')} | {run['max_depth']:,} | {end['dead']:,} | "
+            f"{end['index_bytes'].get(RUNNABLE_INDEX, 0) / 1024:,.0f} |"
+        )
+    for key, run in load["runs"].items():
+        out += ["", f"{key} over time:", *series(run, sizes.every)]
+    return out
+
+
+def pressure_lines(pressure: dict[str, Any], sizes: Any) -> list[str]:
+    out = [
+        "",
+        f"Vacuum pressure (issue 28): {pressure['rate']:,.0f} jobs/s asked (half the highest "
+        f"rate sustained), one by one, {sizes.duration:g} s; the pressure from "
+        f"{pressure['start']:g} s for {pressure['hold']:g} s.",
+        "",
+        "| pressure | phase | enqueued | done (jobs/s) | pickup p50 (ms) | p99 (ms) |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for kind, name in PRESSURE_NAMES.items():
+        run = pressure.get(kind)
+        if not run:
+            continue
+        for phase, got in run["phases"].items():
+            out.append(
+                f"| {name} | {phase} | {got['enqueued']:,} | {num(got['throughput'])} | "
+                f"{num(got['p50'], '{:.1f}')} | {num(got['p99'], '{:.1f}')} |"
+            )
+    for kind, name in PRESSURE_NAMES.items():
+        run = pressure.get(kind)
+        if not run:
+            continue
+        back = run["recovered_after"]
+        out += [
+            "",
+            f"- {name}: pickup p50 and p99 during within 2x of before: "
+            f"{verdict(run['within_2x'])}; back within 2x (p50 per interval) "
+            f"{num(back, '{:.0f} s')} after it ended (target <= 60 s): "
+            f"{verdict(back is not None and back <= 60)}"
+            + (f"; the pressure failed: {run['pressure_error']}" if run["pressure_error"] else ""),
+            "",
+            f"{name}, over time:",
+            *series(run, sizes.every),
+        ]
+    return out
+
+
+def series(run: dict[str, Any], every: float) -> list[str]:
+    """The job table and the pickup latency over a run: at most SERIES_ROWS rows."""
+    by_k = {round(row["t"] / every): row for row in run["timeline"]}
+    samples = run["samples"]
+    keep = samples[:: max(1, -(-len(samples) // SERIES_ROWS))]
+    out = [
+        "| t (s) | queue | dead tuples | live tuples | runnable index (KiB) | all indexes (KiB) "
+        "| vacuums | pickup p50 (ms) | p99 (ms) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for sample in keep:
+        indexes = sample["index_bytes"] or {}
+        # The pickup latency of the jobs enqueued in the interval before the sample.
+        late = by_k.get(int(sample["t"] // every) - 1) or {}
+        out.append(
+            f"| {sample['t']:.0f} | {sample['depth']:,} | {sample['dead']:,} | "
+            f"{sample['live']:,} | {indexes.get(RUNNABLE_INDEX, 0) / 1024:,.0f} | "
+            f"{sum(indexes.values()) / 1024:,.0f} | {sample['vacuums']} | "
+            f"{num(late.get('p50'), '{:.1f}')} | {num(late.get('p99'), '{:.1f}')} |"
+        )
+    return out

@@ -1,0 +1,3 @@
+"""What differs between the databases, in one place: the database's clock (clock.py), the
+notifications PostgreSQL sends as writes commit (notify.py), SQLite's turns at its write
+lock (sqlite_turns.py), and MariaDB/MySQL's forms of the model indexes (indexes.py)."""

@@ -1,0 +1,178 @@
+"""The INSERT of an enqueue: many calls in one statement, their rows selected from one JSON
+parameter (enqueue.py builds the template they share; unique.py and limits.py add to it)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, cast
+
+from django.db import connections, transaction
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.fields import NOT_PROVIDED
+
+from ..db.notify import NOTIFY
+from ..uniqueness import UniqueScope
+from .base import PER_CALL, from_db, now_sql
+from .mysql import MySQLWrites
+
+if TYPE_CHECKING:
+    from ..models import Job
+    from .unique import Row
+
+# enqueue_many(): calls per INSERT, at most, and bytes of their arguments' JSON: a group of
+# 10,000 small steps is one statement, and no statement nears MariaDB's default
+# max_allowed_packet (16 MiB) however large the arguments.
+ENQUEUE_CHUNK = 10_000
+ENQUEUE_CHUNK_BYTES = 4 << 20
+# The times an INSERT takes from _now_sql() when not given, and reads back.
+_CLOCKED = ("run_after", "enqueued_at")
+
+
+class Inserts(MySQLWrites):
+    if TYPE_CHECKING:  # unique.py's
+
+        def _on_conflict(
+            self, connection: BaseDatabaseWrapper, scope: UniqueScope, lock_held: bool
+        ) -> str: ...
+
+    def _insert_all(self, db: str, template: Job, rows: list[Row], jobs: list[Job]) -> list[Job]:
+        # One statement is atomic on its own; a transaction would cost two round trips.
+        one = len(_chunks(rows)) == 1
+        with nullcontext() if one else transaction.atomic(using=db):
+            self._insert_chunks(db, template, rows, jobs)
+        return jobs
+
+    def _insert_chunks(
+        self, db: str, template: Job, rows: list[Row], jobs: list[Job], lock_held: bool = False
+    ) -> dict[str, int]:
+        """INSERT `rows` in chunks; give each of `jobs` (one per row) that was written its id
+        and times. With `lock_held`, returns {unique key: id} of the live rows that held the
+        keys of the rows that were not written (_on_conflict())."""
+        by_result_id = {job.result_id.hex: job for job in jobs}
+        holders = {}
+        for chunk in _chunks(rows):
+            written, held, times = self._insert(db, template, chunk, lock_held)
+            for result_id, pk in written.items():
+                job = by_result_id[result_id]
+                job.pk = pk
+                job.run_after, job.enqueued_at = times
+            holders.update(held)
+        return holders
+
+    def _values(
+        self,
+        connection: BaseDatabaseWrapper,
+        template: Job,
+        per_call: dict[str, tuple[str, list[Any]]],
+        now: str,
+        now_params: list[Any],
+    ) -> tuple[list[str], list[str], list[Any]]:
+        """The columns an INSERT like `template` writes, their SQL values and parameters:
+        `per_call`'s for the fields that differ between calls, the clock for the times
+        not given, and the database's defaults left out."""
+        columns, selected, params = [], [], []
+        for field in self.model._meta.concrete_fields:
+            value = getattr(template, field.attname)
+            if field.attname in per_call:
+                expr, expr_params = per_call[field.attname]
+            elif field.attname in _CLOCKED and value is None:
+                expr, expr_params = now, now_params
+            elif value is None or (
+                field.db_default is not NOT_PROVIDED and value == field.db_default
+            ):
+                continue  # the id, the columns that start as NULL, and the database's defaults
+            else:
+                expr, expr_params = "%s", [field.get_db_prep_save(value, connection)]
+            columns.append(connection.ops.quote_name(str(field.column)))
+            selected.append(expr)
+            params += expr_params
+        return columns, selected, params
+
+    def _insert(
+        self, db: str, template: Job, rows: list[Row], lock_held: bool = False
+    ) -> tuple[dict[str, int], dict[str, int], tuple[datetime, datetime]]:
+        """INSERT `rows` like `template`; a row whose unique key is held is not written.
+
+        Returns {result_id hex: id} of the rows written, {unique key: id} of the live rows
+        that held the others' keys (with `lock_held` only), and the run_after and
+        enqueued_at stored (the same for every row written by one statement). One row is a
+        plain INSERT ... VALUES, which PostgreSQL plans faster; several are selected from
+        one JSON array of [result_id, args, kwargs, unique key].
+        """
+        connection = connections[db]
+        if connection.vendor == "mysql":
+            return self._insert_mysql(db, template, rows, lock_held)
+        qn = connection.ops.quote_name
+        now, now_params = now_sql(connection)
+        unique = template.unique_scope is not None
+        names = PER_CALL if unique else PER_CALL[:3]
+        per_call: dict[str, tuple[str, list[Any]]]
+        if len(rows) == 1:
+            [(result_id, _, args, _, kwargs, key)] = rows
+            values = [result_id.hex, args, kwargs, key]
+            per_call = {name: ("%s", [value]) for name, value in zip(names, values, strict=False)}
+            source, source_params = "", []
+        else:
+            calls = ",".join(
+                f'["{r.hex}",{args},{kwargs},"{key}"]' if unique else f'["{r.hex}",{args},{kwargs}]'
+                for r, _, args, _, kwargs, key in rows
+            )
+            source_params = [f"[{calls}]"]
+            if connection.vendor == "postgresql":
+                exprs = ["(value ->> 0)::uuid", "value -> 1", "value -> 2", "value ->> 3"]
+                source = "FROM jsonb_array_elements(%s::jsonb) AS call(value)"
+            else:
+                exprs = [f"json_extract(value, '$[{i}]')" for i in range(4)]
+                # SQLite reads "ON" after a SELECT's FROM as a join without the WHERE.
+                source = "FROM json_each(%s) AS call" + (" WHERE true" if unique else "")
+            per_call = {name: (expr, []) for name, expr in zip(names, exprs, strict=False)}
+        columns, selected, params = self._values(connection, template, per_call, now, now_params)
+        row = (
+            f"SELECT {', '.join(selected)} {source}"
+            if source
+            else f"VALUES ({', '.join(selected)})"
+        )
+        if unique:
+            scope = UniqueScope(cast(str, template.unique_scope))
+            row += self._on_conflict(connection, scope, lock_held)
+        returned_names = ("id", "result_id", *_CLOCKED, *(["unique_key"] if unique else []))
+        returning = ", ".join(qn(name) for name in returned_names)
+        if connection.vendor == "postgresql":
+            # Wake listening workers when this commits (wakeup.py). Per row, but PostgreSQL
+            # sends one notification per transaction for identical ones.
+            returning += f", {NOTIFY}"
+        sql = (
+            f"INSERT INTO {qn(self.model._meta.db_table)} ({', '.join(columns)}) {row} "
+            f"RETURNING {returning}"
+        )
+        with connection.cursor() as cursor:
+            cursor.execute(sql, [*params, *source_params])
+            returned = cursor.fetchall()
+        # result_id reads back as a UUID on PostgreSQL, as its hex on SQLite.
+        written, held, times = {}, {}, (template.run_after, template.enqueued_at)
+        sent = {row[0].hex for row in rows}
+        for pk, result_id, run_after, enqueued_at, *rest in returned:
+            if (result_id := getattr(result_id, "hex", result_id)) in sent:
+                written[result_id] = pk
+                times = (run_after, enqueued_at)
+            else:
+                held[rest[0]] = pk
+        meta = self.model._meta
+        run_after = from_db(connection, meta.get_field("run_after"), times[0])
+        enqueued_at = from_db(connection, meta.get_field("enqueued_at"), times[1])
+        return written, held, (run_after, enqueued_at)
+
+
+def _chunks(rows: list[Row]) -> list[list[Row]]:
+    """`rows` in runs of at most ENQUEUE_CHUNK rows and about ENQUEUE_CHUNK_BYTES of JSON."""
+    chunks: list[list[Row]] = [[]]
+    size = 0
+    for row in rows:
+        weight = len(row[2]) + len(row[4])  # the arguments' and keyword arguments' JSON
+        if chunks[-1] and (len(chunks[-1]) >= ENQUEUE_CHUNK or size + weight > ENQUEUE_CHUNK_BYTES):
+            chunks.append([])
+            size = 0
+        chunks[-1].append(row)
+        size += weight
+    return chunks

@@ -1,0 +1,212 @@
+"""Enqueue's fast path: the INSERT of a plain job prepared once per task and options.
+
+A profile of one `task.enqueue()` inside a transaction (bench/benchmark/enqueue_cost.py)
+found most of its Python time in work that is the same for every call of a task: a
+template Job built field by field, its columns and values compiled into the INSERT, the
+converters of the times read back, and a Job built through Model.__init__ (which walks
+every field, twice per enqueue). Here that work is done once per (database, task path,
+options) and kept; a call only fills in its result id, arguments and clock.
+
+Only plain jobs take it: no unique key, no concurrency key, no run_after, trace context or
+schedule (those vary by call or need the other paths' statements). Model instances are
+built without Model.__init__ only while nothing listens to Job's pre_init or post_init
+signals; with a receiver, through from_db() as before.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from django.db import connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
+
+from ..db.notify import NOTIFY
+from .base import PER_CALL, now_sql
+from .unique import Row
+
+if TYPE_CHECKING:
+    from ..models import Job
+
+# Prepared statements kept per manager: one per task and options (a bound against
+# ever-new options, e.g. a priority computed per call).
+MAX_PREPARED = 256
+# Stand-ins, in the prepared parameters, for what each call fills in.
+_RESULT_ID, _ARGS, _KWARGS, _NOW = _STAND_INS = tuple(object() for _ in range(4))
+
+Builder = Callable[[Any, Any, Any, "str | None"], "Job"]
+
+
+@dataclass(slots=True)
+class Prepared:
+    template: Job  # read only: the fields every job of these options shares
+    build: Builder  # a Job as if read back, from (result_id, args, kwargs, unique_key)
+    sql: str | None  # the one-row INSERT ... RETURNING; None where there is no RETURNING
+    params: list[Any]  # its parameters, with the stand-ins above
+    fill: list[tuple[int, object]]  # where each stand-in is in params
+    read_time: Callable[[Any], datetime]  # a time read back, as the ORM would give it
+
+
+def job_builder(model: type[Job], db: str, template: Job) -> Builder:
+    """A function that builds the Job of one call as if read back from the database."""
+    fields = [f.attname for f in model._meta.concrete_fields]
+    values = [getattr(template, name) for name in fields]
+    per_call = [fields.index(name) for name in PER_CALL]
+    # Each job gets its own copy of the metadata dict (the template is shared).
+    at_metadata = fields.index("metadata")
+    if pre_init.has_listeners(model) or post_init.has_listeners(model):
+
+        def through_init(result_id: Any, args: Any, kwargs: Any, key: str | None) -> Job:
+            row = list(values)
+            for i, value in zip(per_call, (result_id, args, kwargs, key), strict=True):
+                row[i] = value
+            row[at_metadata] = copy.deepcopy(row[at_metadata])
+            return model.from_db(db, fields, row)
+
+        return through_init
+    shared = dict(zip(fields, values, strict=True))
+    metadata = shared["metadata"]
+    names = [fields[i] for i in per_call]
+
+    def direct(result_id: Any, args: Any, kwargs: Any, key: str | None) -> Job:
+        # What Model.__init__ + from_db() leave behind, without walking the fields.
+        job = model.__new__(model)
+        state = ModelState()
+        state.adding, state.db = False, db
+        attrs = job.__dict__
+        attrs.update(shared)
+        attrs["metadata"] = copy.deepcopy(metadata) if metadata else {}
+        attrs.update(zip(names, (result_id, args, kwargs, key), strict=True))
+        attrs["_state"] = state
+        return job
+
+    return direct
+
+
+def time_reader(connection: BaseDatabaseWrapper, model: type[Job]) -> Callable[[Any], datetime]:
+    """managers.base.from_db() for run_after and enqueued_at, its converters looked up once."""
+    field = model._meta.get_field("run_after")
+    column = field.get_col(model._meta.db_table)
+    converters = connection.ops.get_db_converters(column) + field.get_db_converters(connection)
+
+    def read(value: Any) -> datetime:
+        for convert in converters:
+            value = convert(value, column, connection)
+        return value
+
+    return read
+
+
+def options_key(db: str, task_path: str, options: dict[str, Any]) -> tuple[Any, ...]:
+    metadata = options["metadata"]
+    return (
+        db,
+        task_path,
+        *(options[name] for name in sorted(options) if name != "metadata"),
+        json.dumps(metadata, sort_keys=True) if metadata else None,
+    )
+
+
+class PreparedInserts:
+    """Job.objects' part that keeps the prepared INSERTs (a mixin of the manager)."""
+
+    model: type[Job]
+    _values: Callable[..., tuple[list[str], list[str], list[Any]]]
+    _insert_all: Callable[[str, Job, list[Row], list[Job]], list[Job]]
+
+    def _prepared(self, db: str, task_path: str, options: dict[str, Any]) -> Prepared:
+        cache: dict[tuple[Any, ...], Prepared] = self.__dict__.setdefault("_prepared_cache", {})
+        key = options_key(db, task_path, options)
+        prepared = cache.get(key)
+        if prepared is None or prepared.build.__name__ != _builder_kind(self.model):
+            if len(cache) >= MAX_PREPARED:
+                cache.clear()
+            prepared = cache[key] = self._prepare(db, task_path, options)
+        return prepared
+
+    def _prepare(self, db: str, task_path: str, options: dict[str, Any]) -> Prepared:
+        metadata = options["metadata"]
+        template = self.model(
+            task_path=task_path,
+            **{name: value for name, value in options.items() if name != "metadata"},
+            metadata={} if metadata is None else metadata,
+        )
+        connection = connections[db]
+        sql = None
+        params: list[Any] = []
+        if connection.features.can_return_columns_from_insert:  # MySQL 8 has no RETURNING
+            now, now_params = now_sql(connection)
+            stand_ins = (_RESULT_ID, _ARGS, _KWARGS)
+            per_call = {n: ("%s", [s]) for n, s in zip(PER_CALL, stand_ins, strict=False)}
+            columns, selected, params = self._values(
+                connection, template, per_call, now, [_NOW] if now_params else []
+            )
+            qn = connection.ops.quote_name
+            returning = ", ".join(qn(name) for name in ("id", "run_after", "enqueued_at"))
+            if connection.vendor == "postgresql":
+                returning += f", {NOTIFY}"  # as _insert(): wakes listening workers
+            sql = (
+                f"INSERT INTO {qn(self.model._meta.db_table)} ({', '.join(columns)}) "
+                f"VALUES ({', '.join(selected)}) RETURNING {returning}"
+            )
+        fill = [(i, p) for i, p in enumerate(params) if any(p is s for s in _STAND_INS)]
+        return Prepared(
+            template=template,
+            build=job_builder(self.model, db, template),
+            sql=sql,
+            params=params,
+            fill=fill,
+            read_time=time_reader(connection, self.model),
+        )
+
+    def _enqueue_plain(
+        self, db: str, task_path: str, options: dict[str, Any], rows: list[Row]
+    ) -> list[Job]:
+        """enqueue_many() of jobs with no key, time or schedule: `rows` as _rows() makes."""
+        prepared = self._prepared(db, task_path, options)
+        build = prepared.build
+        jobs = [build(result_id, args, kwargs, key) for result_id, args, _, kwargs, _, key in rows]
+        if len(rows) == 1 and prepared.sql is not None:
+            [(result_id, _, args, _, kwargs, _)] = rows
+            [job] = jobs
+            job.pk, job.run_after, job.enqueued_at = self._insert_one(
+                db, prepared, result_id, args, kwargs
+            )
+            return jobs
+        return self._insert_all(db, prepared.template, rows, jobs)
+
+    def _insert_one(
+        self, db: str, prepared: Prepared, result_id: Any, args: str, kwargs: str
+    ) -> Any:
+        """Send the prepared INSERT of one job: its (id, run_after, enqueued_at)."""
+        connection = connections[db]
+        params = list(prepared.params)
+        now = None
+        for i, stand_in in prepared.fill:
+            if stand_in is _RESULT_ID:
+                params[i] = result_id.hex
+            elif stand_in is _ARGS:
+                params[i] = args
+            elif stand_in is _KWARGS:
+                params[i] = kwargs
+            else:  # SQLite's clock is this process's (now_sql()), read once for both times
+                if now is None:
+                    now = now_sql(connection)[1][0]
+                params[i] = now
+        assert prepared.sql is not None
+        with connection.cursor() as cursor:
+            cursor.execute(prepared.sql, params)
+            pk, run_after, enqueued_at, *_ = cursor.fetchone()
+        return pk, prepared.read_time(run_after), prepared.read_time(enqueued_at)
+
+
+def _builder_kind(model: type[Job]) -> str:
+    """Which builder job_builder() makes today: a receiver connected since changes it."""
+    listening = pre_init.has_listeners(model) or post_init.has_listeners(model)
+    return "through_init" if listening else "direct"

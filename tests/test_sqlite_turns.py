@@ -1,0 +1,187 @@
+"""db/sqlite_turns.py: writers of the application and runjobs take turns at SQLite's write lock.
+
+Real processes: `runjobs --concurrency 2` drains a backlog of no-op jobs while this process
+writes as a Django view does (a row and a job per transaction.atomic()) in a tight loop.
+Without turns SQLite's busy handler let the loop take the lock back each time, and the
+drain all but stopped (about 2 jobs per 100 commits). No timed assertion: jobs drained
+per commit, which the machine's load scales alike on both sides. The ratios of rates are
+the benchmark's (bench.py --only sqlite_fair).
+"""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from django.db import OperationalError, connection, transaction
+
+from django_jobstate.backend import JobStateBackend
+from django_jobstate.models import Job
+from django_jobstate.states import State
+from tests import tasks
+from tests.conftest import ROOT, subprocess_env
+from tests.models import Execution
+
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's single write lock"),
+]
+
+BACKLOG = 20_000
+COMMITS = 500
+# Jobs the drain must finish per writer commit, at least: about 3 with turns (a worker's
+# turn writes up to 100 jobs, the writer's one row), 0.02 without.
+SHARE = 0.1
+
+
+def wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+@pytest.mark.slow
+def test_a_writer_in_a_tight_loop_leaves_the_drain_its_turns(runjobs):
+    JobStateBackend("default", {}).bulk_enqueue(tasks.noop, [((), {})] * BACKLOG)
+    proc = runjobs.start("--concurrency", "2")
+    done = Job.objects.filter(state=State.SUCCEEDED)
+    wait_for(done.exists, 60, "runjobs never finished a job")
+    before = done.count()
+    failures = []
+    for i in range(COMMITS):
+        try:
+            with transaction.atomic():  # a view: its row, and the job it enqueues
+                Execution.objects.create(label=f"page {i}")
+                tasks.noop.enqueue()
+        except OperationalError as exc:
+            failures.append(str(exc))
+    drained = done.count() - before
+    left = Job.objects.filter(state=State.QUEUED).count()
+    output = runjobs.stop(proc)
+
+    assert failures == [], f"{len(failures)} of {COMMITS} transactions failed: {failures[0]}"
+    assert left, "the backlog ran out while the writer wrote: nothing was shared"
+    assert drained >= COMMITS * SHARE, (
+        f"the drain finished {drained} jobs while the writer committed {COMMITS} times"
+    )
+    assert "locked" not in output, output[-3000:]
+
+
+# A writer process in a party (`workers`: as runjobs' processes are, `app` otherwise) that
+# writes `rounds` rows, each in its own transaction, as fast as it can; each label holds
+# time.monotonic() (one clock for the machine) as the row was written.
+WRITER = """
+import sys, time
+import django
+django.setup()
+from django.db import transaction
+from tests.models import Execution
+party, rounds = sys.argv[1], int(sys.argv[2])
+if party == "workers":
+    from django_jobstate.db.sqlite_turns import join_workers
+    join_workers()
+print("ready", flush=True)
+for i in range(rounds):
+    with transaction.atomic():
+        Execution.objects.create(label=f"{party} {i} {time.monotonic()}")
+"""
+
+
+def start_writer(party: str, rounds: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, party, str(rounds)],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+def finish(proc: subprocess.Popen[bytes]) -> None:
+    proc.wait(timeout=120)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    assert proc.returncode == 0
+
+
+def test_a_waiting_worker_writes_before_the_application_writes_again():
+    """runjobs' party waits while the application holds the turn: once the application
+    commits, its next transaction steps aside and the worker's write goes first, however
+    tight the application's loop. (SQLite's busy handler let the loop win: the worker slept
+    1, 2, 5 ... ms between tries and found the lock taken each time.)"""
+    with transaction.atomic():
+        first = Execution.objects.create(label="app 0")
+        proc = start_writer("workers", 1)
+        time.sleep(0.3)  # not a bound: the worker waits for this transaction to end
+    for i in range(1, 200):
+        with transaction.atomic():
+            Execution.objects.create(label=f"app {i}")
+    finish(proc)
+
+    order = list(Execution.objects.filter(pk__gt=first.pk).order_by("pk"))
+    position = next(i for i, row in enumerate(order) if row.label.startswith("workers"))
+    assert position <= 1, f"the application wrote {position} times before the waiting worker"
+
+
+def test_a_waiting_application_writes_before_a_busy_worker_writes_again():
+    """The other way round: runjobs' party writes in a tight loop; the application's
+    transaction waits no more than the worker's turn in progress. (SQLite's busy handler
+    let the worker's loop win, as the Wagtail editor found.)"""
+    proc = start_writer("workers", 5000)
+    try:
+        workers = Execution.objects.filter(label__startswith="workers")
+        deadline = time.monotonic() + 60
+        while workers.count() < 100:  # well into its loop
+            assert time.monotonic() < deadline, "the worker's loop never got going"
+            time.sleep(0.01)
+        asked = time.monotonic()
+        with transaction.atomic():
+            mine = Execution.objects.create(label="app")
+    finally:
+        finish(proc)
+
+    before_mine = workers.filter(pk__lt=mine.pk).values_list("label", flat=True)
+    while_waiting = [label for label in before_mine if float(label.split()[2]) > asked]
+    assert workers.filter(pk__gt=mine.pk).exists(), "the worker's loop ended first: no contest"
+    # One write in progress when the application asked, and one the machine's scheduler
+    # may slip in: SQLite's busy handler let it wait for dozens.
+    assert len(while_waiting) <= 10, f"{len(while_waiting)} worker writes went first"
+
+
+def test_a_killed_writer_leaves_no_turn_taken():
+    """The kernel drops a dead process's flock: a writer killed inside its transaction
+    holds the turn no longer than its process lives."""
+    code = (
+        "import django, os, sys, time; django.setup()\n"
+        "from django.db import transaction\n"
+        "with transaction.atomic():\n"
+        "    print('in turn', flush=True); time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        env=subprocess_env(),
+        stdout=subprocess.PIPE,
+        start_new_session=True,
+    )
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == b"in turn\n"
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        with transaction.atomic():
+            # A turn never given back: this wait would end at the busy timeout, without it.
+            assert connection.jobstate_turns.held  # type: ignore[attr-defined]
+            Execution.objects.create(label="after the kill")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

@@ -1,0 +1,100 @@
+"""What enqueue() works out once per task (task_plan.py) and the prepared INSERT of a
+plain job (managers/prepared.py): done once, and never stale or shared."""
+
+import uuid
+
+import pytest
+from django.db.models.signals import post_init
+from django.test import override_settings
+
+from django_jobstate.backend import JobStateBackend
+from django_jobstate.models import Job
+from django_jobstate.tasksapi import InvalidTask
+from tests import tasks
+
+pytestmark = pytest.mark.django_db
+
+
+def test_a_task_is_checked_at_its_first_enqueue_not_at_every_one(monkeypatch):
+    tasks.record.enqueue("warm")  # the task modules loaded (their tasks checked as defined)
+    task = tasks.record.using(priority=7)  # a task object no enqueue has seen
+    checked = []
+    validate = JobStateBackend.validate_task
+
+    def counting(self, task):
+        checked.append(task)
+        return validate(self, task)
+
+    monkeypatch.setattr(JobStateBackend, "validate_task", counting)
+    for n in range(3):
+        task.enqueue(f"call {n}")
+
+    assert len(checked) == 1
+    assert Job.objects.filter(priority=7).count() == 3
+
+
+def test_options_from_the_settings_apply_from_the_next_enqueue_after_they_change():
+    tasks.record.enqueue("before")
+    path = "tests.tasks.record"
+    with override_settings(JOBSTATE_TASK_OPTIONS={path: {"max_attempts": 4, "timeout": 9}}):
+        tasks.record.enqueue("during")
+    tasks.record.enqueue("after")
+
+    rows = dict(Job.objects.values_list("args__0", "max_attempts"))
+    assert rows == {"before": 1, "during": 4, "after": 1}
+    assert Job.objects.get(args__0="during").timeout == 9
+
+
+def test_a_task_refused_is_refused_at_every_enqueue_not_remembered_as_good():
+    task = tasks.record.using(queue_name="emails")
+    task.enqueue("fine while emails is a queue")
+    only_default = {"BACKEND": "django_jobstate.backend.JobStateBackend", "QUEUES": ["default"]}
+    with override_settings(TASKS={"default": only_default}):
+        for _ in range(2):
+            with pytest.raises(InvalidTask, match="'emails' is not valid"):
+                task.enqueue("refused")
+    task.enqueue("fine again")
+
+    assert Job.objects.count() == 2
+
+
+def test_an_enqueued_job_is_what_reading_its_row_gives():
+    for job in [
+        Job.objects.enqueue("tests.tasks.record", ["a"]),
+        *Job.objects.enqueue_many("tests.tasks.record", [(["b"], {}), (["c"], {})]),
+        Job.objects.enqueue("tests.tasks.record", ["d"], metadata={"n": [1]}, priority=3),
+    ]:
+        row = Job.objects.get(pk=job.pk)
+        for field in Job._meta.concrete_fields:
+            assert getattr(job, field.attname) == getattr(row, field.attname), field.name
+        assert job._state.db == row._state.db
+        assert job._state.adding is False
+        assert job.run_after == job.enqueued_at  # one clock reading for both
+
+
+def test_jobs_enqueued_alike_share_no_metadata_dict():
+    first = Job.objects.enqueue("tests.tasks.record", ["a"], metadata={"n": {"k": 1}})
+    first.metadata["n"]["k"] = 2
+    first.metadata["added"] = True
+    second = Job.objects.enqueue("tests.tasks.record", ["b"], metadata={"n": {"k": 1}})
+    plain = [Job.objects.enqueue("tests.tasks.record", [x]) for x in "cd"]
+    plain[0].metadata["added"] = True
+
+    assert second.metadata == {"n": {"k": 1}}
+    assert plain[1].metadata == {}
+
+
+def test_a_post_init_receiver_of_job_still_sees_each_enqueued_job():
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance.result_id)
+
+    tasks.record.enqueue("warm")  # a prepared INSERT made before the receiver connects
+    post_init.connect(receiver, sender=Job)
+    try:
+        result = tasks.record.enqueue("watched")
+    finally:
+        post_init.disconnect(receiver, sender=Job)
+
+    assert uuid.UUID(result.id) in seen
