@@ -106,6 +106,10 @@ elif DB == "mysql":  # MariaDB or MySQL: scripts/mysql (or scripts/test) starts 
         DATABASES["default"]["OPTIONS"]["isolation_level"] = isolation
 else:
     raise RuntimeError(f"JOBSTATE_TEST_DB must be 'sqlite', 'postgres' or 'mysql', not {DB!r}")
+# A worker subprocess that keeps its connection between claims (Django's default, 0,
+# opens one per claim): tests of a connection the server dropped under an idle worker.
+if max_age := os.environ.get("JOBSTATE_TEST_CONN_MAX_AGE"):
+    DATABASES["default"]["CONN_MAX_AGE"] = None if max_age == "none" else int(max_age)
 
 TASKS = {
     "default": {

@@ -117,9 +117,14 @@ def test_a_claim_whose_reply_the_restart_lost_is_handed_back(runjobs):
     # The claim's commit reached the server, its reply did not (the server restarting):
     # a row runs in the name of a live worker that never received it, and nobody fails a
     # live worker's attempts as lost. Here the test claims it in the worker's name, on a
-    # queue the worker does not serve, then restarts the server: the claim that fails
-    # then leaves the worker in doubt, and it hands back what runs in its name unseen.
-    worker = runjobs.start("--concurrency", "1", "--queue", "default")
+    # queue the worker does not serve, then restarts the server: the worker's next claim
+    # fails on the connection the restart dropped (kept between claims: with Django's
+    # default CONN_MAX_AGE, 0, each claim opens one, and only a restart in the middle of a
+    # claim would fail it), which leaves the worker in doubt, and it hands back what runs
+    # in its name unseen.
+    worker = runjobs.start(
+        "--concurrency", "1", "--queue", "default", JOBSTATE_TEST_CONN_MAX_AGE="none"
+    )
     tasks.record.enqueue("claiming")  # run: the worker claims, and will claim in the restart
     wait_for(lambda: Execution.objects.exists())
     worker_id = WorkerHeartbeat.objects.get().worker_id
