@@ -6,7 +6,8 @@ The writer is a Django view's write: in one `transaction.atomic()`, an applicati
 Rounds of three adjacent windows: the writer beside the drain, the drain alone, the writer alone
 (the queue paused: the workers claim nothing, as with runjobs stopped). On a shared
 machine the load moves from minute to minute: each ratio is taken within one round, and
-the figure is the median round.
+the figure is the median round. After the last round the queue stays paused: the drain
+ends there, and what is left of the backlog shows that it never ran out in a window.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ def fair_rounds(rows: Any, seconds: str, rounds: str, wait: str = "120") -> dict
     time.sleep(SETTLE)
     backend: Any = default_task_backend
     out: list[dict[str, Any]] = []
-    for _ in range(int(rounds)):
+    for n in range(int(rounds)):
         both = window(rows, float(seconds), write=True)  # first: any ramp after the resume
         drain = window(rows, float(seconds), write=False)  # counts against the ratios
         backend.pause_queue("default")
@@ -43,21 +44,16 @@ def fair_rounds(rows: Any, seconds: str, rounds: str, wait: str = "120") -> dict
         if not wait_for(lambda running=running: not running.exists(), float(wait)):
             raise RuntimeError(f"the workers still ran jobs {wait} s after the pause")
         writer = window(rows, float(seconds), write=True)
+        if n == int(rounds) - 1:  # the last: the drain stays paused, the backlog kept for `left`
+            out.append(ratios(both, drain, writer))
+            break
         backend.resume_queue("default")
         done = rows.model._default_manager.filter(rows.terminal_q)
         before = done.count()
         if not wait_for(lambda done=done, n=before: done.count() > n, float(wait)):
             raise RuntimeError(f"the workers did not resume within {wait} s")
         time.sleep(SETTLE)
-        out.append(
-            {
-                "drain": drain,
-                "both": both,
-                "writer": writer,
-                "writer_ratio": both["writer_rate"] / writer["writer_rate"],
-                "drain_ratio": both["drain_rate"] / drain["drain_rate"],
-            }
-        )
+        out.append(ratios(both, drain, writer))
     left = rows.model._default_manager.exclude(rows.terminal_q).count()
     return {
         "rounds": out,
@@ -69,6 +65,17 @@ def fair_rounds(rows: Any, seconds: str, rounds: str, wait: str = "120") -> dict
         "drain_beside": statistics.median(r["both"]["drain_rate"] for r in out),
         "writer_locked": sum(r[k]["writer_locked"] for r in out for k in ("both", "writer")),
         "left": left,
+    }
+
+
+def ratios(both: dict[str, Any], drain: dict[str, Any], writer: dict[str, Any]) -> dict[str, Any]:
+    """A round: its three windows, and the two ratios they give."""
+    return {
+        "drain": drain,
+        "both": both,
+        "writer": writer,
+        "writer_ratio": both["writer_rate"] / writer["writer_rate"],
+        "drain_ratio": both["drain_rate"] / drain["drain_rate"],
     }
 
 
