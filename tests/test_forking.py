@@ -2,6 +2,8 @@
 
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -13,6 +15,8 @@ from django_jobstate.runner.forking import on_sigterm, worker_context
 from django_jobstate.states import State
 from tests import tasks
 from tests.waiting import wait_for
+
+ROOT = Path(__file__).resolve().parent.parent
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -78,7 +82,7 @@ def start_slowly(report: str) -> None:
     Path(report).write_text(str(blocked))
     time.sleep(1.0)
     heard: list[int] = []
-    on_sigterm(lambda signum, frame: heard.append(signum))
+    on_sigterm(lambda: heard.append(signal.SIGTERM))
     for _ in range(100):
         if heard:
             os._exit(0)
@@ -100,3 +104,45 @@ def test_a_sigterm_that_comes_while_a_worker_starts_reaches_its_handler(tmp_path
     process.join(timeout=60)
     assert report.read_text() == "True"
     assert process.exitcode == 0, "the worker did not hear the SIGTERM sent while it started"
+
+
+# A worker's main thread waiting on its stop Event, as an idle worker does (Waiter.wait),
+# over and over, while SIGTERMs come; the stop clears it again.
+WAITS_ON_ITS_EVENT = """
+import os, signal, sys, threading, time
+from django_jobstate.runner.forking import on_sigterm
+stopping = threading.Event()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # as a fork is born: preload.py
+on_sigterm(stopping.set)
+print("ready", flush=True)
+end = time.monotonic() + float(sys.argv[1])
+while time.monotonic() < end:
+    stopping.wait(0.0001)
+    stopping.clear()
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})  # the storm goes on: exit 0
+os._exit(0)
+"""
+
+
+@pytest.mark.django_db(transaction=False)
+def test_a_sigterm_never_stops_a_worker_for_ever_in_the_middle_of_a_wait():
+    # A handler that set the Event itself came, now and then, while the main thread held
+    # the Event's lock inside wait(): it waited for it for ever (runjobs never exited, seen
+    # at load). A storm of SIGTERMs hung such a process 2 times in 5 within 2 s.
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WAITS_ON_ITS_EVENT, "6"], stdout=subprocess.PIPE, cwd=ROOT
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"ready\n"
+    sent = 0
+    while proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        sent += 1
+        time.sleep(0.0002)
+        if sent > 200_000:  # its loop ends after 6 s: it hangs in a handler
+            break
+    try:
+        assert proc.wait(timeout=30) == 0, f"it exited {proc.returncode} after {sent} SIGTERMs"
+    finally:
+        proc.kill()
+        proc.stdout.close()

@@ -80,7 +80,7 @@ def run_child(
     # parent that is neither: the supervisor is already gone, and the worker stops.
     parent = os.getppid() if os.getppid() in parents else parents[0]
     worker = Worker(**options, ledger=ledger, parent=parent)
-    on_sigterm(lambda signum, frame: worker.stop())
+    on_sigterm(worker.stop)
     worker.run()
     if worker.unavailable:
         sys.exit(EXIT_UNAVAILABLE)

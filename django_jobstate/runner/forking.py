@@ -21,9 +21,9 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -64,10 +64,25 @@ def parents(context: BaseContext) -> tuple[int, ...]:
     return tuple(pids)
 
 
-def on_sigterm(handler: Callable[[int, FrameType | None], Any]) -> None:
-    """In a worker: handle SIGTERM with `handler` from now on, and take the SIGTERM that
-    came while it started (a fork is born with SIGTERM blocked: preload.py)."""
-    signal.signal(signal.SIGTERM, handler)
+def on_sigterm(stop: Callable[[], Any]) -> None:
+    """In a worker: call `stop` for each SIGTERM from now on, the one that came while it
+    started included (a fork is born with SIGTERM blocked: preload.py).
+
+    `stop` runs in a thread of its own, never in the signal handler: a handler runs in the
+    main thread between two of its bytecodes, wherever it is, and one that set the
+    worker's threading.Event came, once in a while at load, while the main thread held
+    that Event's lock inside Event.wait(): it waited for that lock for ever, and the
+    worker, then runjobs, never exited. The handler only writes a byte to a pipe, which
+    takes no lock; the thread reads it and stops the worker as any thread would. (SIGTERM
+    stays unblocked in the main thread: a process a task starts inherits the mask.)"""
+    read_end, write_end = os.pipe()
+
+    def pass_on() -> None:
+        while os.read(read_end, 1):
+            stop()
+
+    threading.Thread(target=pass_on, name="sigterm", daemon=True).start()
+    signal.signal(signal.SIGTERM, lambda signum, frame: os.write(write_end, b"."))
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
 
 
