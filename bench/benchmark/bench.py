@@ -127,7 +127,12 @@ class Sizes:
     step: float = 20.0
     every: float = 10.0
     steps: int = 12  # rates tried, at most, before the one halfway back
-    load_workers: int = 4
+    # The load's workers: processes x attempts in flight each (--load). With more than one
+    # in flight the load's job is async (1 ms of waiting), as in the issue's harness; with
+    # one, a sync 1 ms job, which four single-attempt processes can run 4,000 of a second
+    # at most: a bound below half of their no-op drain.
+    load_workers: int = 2
+    load_in_flight: int = 8
 
 
 FULL = Sizes()
@@ -410,6 +415,18 @@ def worker_counts(text: str) -> tuple[int, ...]:
     return counts
 
 
+def load_shape(text: str) -> tuple[int, int]:
+    """--load: "2x8" -> (2, 8)."""
+    processes, _, in_flight = text.partition("x")
+    try:
+        shape = int(processes), int(in_flight)
+    except ValueError:
+        shape = (0, 0)
+    if min(shape) < 1:
+        raise argparse.ArgumentTypeError(f"not PROCESSESxIN_FLIGHT (say 2x8): {text!r}")
+    return shape
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     def names(choices: list[str]) -> Callable[[str], list[str]]:
         def parse(text: str) -> list[str]:
@@ -457,6 +474,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="worker processes of each drain and I/O-bound figure, a comma list (default 1,4); "
         "the history, priority, ceiling and load figures take the largest (default 4)",
     )
+    parser.add_argument(
+        "--load",
+        type=load_shape,
+        help="the continuous-load and pressure figures' workers: PROCESSESxIN_FLIGHT "
+        "(default 2x8: async 1 ms jobs; 4x1: sync 1 ms jobs, one at a time per process)",
+    )
     parser.add_argument("--history-rows", type=int, help="default 1,000,000; quick 10,000")
     parser.add_argument(
         "--history-budget", type=float, help="seconds per history drain (default 120; quick 20)"
@@ -491,7 +514,8 @@ def main(argv: list[str] | None = None) -> int:
         ("priority_workers", args.workers and max(args.workers)),
         ("fair_rounds", args.fair_rounds),
         ("ceiling_clients", args.workers and max(args.workers)),
-        ("load_workers", args.workers and max(args.workers)),
+        ("load_workers", args.load and args.load[0]),
+        ("load_in_flight", args.load and args.load[1]),
     ]:
         if value is not None:
             sizes = replace(sizes, **{field: value})

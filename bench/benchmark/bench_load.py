@@ -47,7 +47,8 @@ class LoadFigures:
         for mode, share in RUNS if s.duration >= 60 else QUICK_RUNS:
             if top:
                 runs[f"{mode}-{share:.0%}"] = self.load_run(system, top * share, mode)
-        return {"workers": s.load_workers, **found, "runs": runs}
+        shape = {"workers": s.load_workers, "in_flight": s.load_in_flight, "task": self.load_task}
+        return {**shape, **found, "runs": runs}
 
     def pressure(self, system: System) -> dict[str, Any]:
         s = self.sizes
@@ -66,17 +67,28 @@ class LoadFigures:
         """The no-op drain of the load's workers (as many jobs as the ceiling's), and the
         highest rate of 1 ms jobs they sustain: its ratio to the drain."""
         s = self.sizes
-        drain = self.drain_in(system, self.db.fresh(system), s.ceiling, s.load_workers)["rate"]
+        drain = self.drain_in(
+            system, self.db.fresh(system), s.ceiling, s.load_workers, in_flight=s.load_in_flight
+        )["rate"]
         steps = self.find_max(system, drain)
         top = max((step["rate"] for step in steps if step["sustained"]), default=None)
         ratio = top / drain if top and drain else None
         return {"drain": drain, "steps": steps, "max_rate": top, "ratio": ratio}
 
+    def load_workers(self, system: System, env: dict[str, str]) -> Workers:
+        s = self.sizes
+        return Workers(system, env, s.load_workers, burst=False, in_flight=s.load_in_flight)
+
+    @property
+    def load_task(self) -> str:
+        """The load's job: async where attempts run side by side, else sync."""
+        return "work_1ms_async" if self.sizes.load_in_flight > 1 else "work_1ms"
+
     def find_max(self, system: System, drain: float) -> list[dict[str, Any]]:
         """Step the bulk producer's rate up from a tenth of the drain, x1.5 while the queue
         stays bounded, then once halfway between the last rate sustained and the first not."""
         env = self.db.fresh(system)
-        procs = Workers(system, env, self.sizes.load_workers, burst=False)
+        procs = self.load_workers(system, env)
         steps: list[dict[str, Any]] = []
         try:
             helper(env, "warm", "120")
@@ -97,7 +109,7 @@ class LoadFigures:
         return steps
 
     def step(self, env: dict[str, str], sampler: Sampler, rate: float) -> dict[str, Any]:
-        fed = Producers(env, rate, self.sizes.step, "bulk").finish()
+        fed = Producers(env, rate, self.sizes.step, "bulk", self.load_task).finish()
         depth = sampler.depth()
         bound = rate * BOUNDED + 100
         # Drain what is left before the next step (a rate far beyond: its backlog).
@@ -118,11 +130,11 @@ class LoadFigures:
         s = self.sizes
         env = self.db.fresh(system)
         name = env["BENCH_DB_NAME"]
-        procs = Workers(system, env, s.load_workers, burst=False)
+        procs = self.load_workers(system, env)
         try:
             helper(env, "warm", "120")
             sampler = Sampler(name, s.every)
-            producers = Producers(env, rate, s.duration, mode)
+            producers = Producers(env, rate, s.duration, mode, self.load_task)
             if not wait_for(sampler.started, 120):
                 raise RuntimeError("the producers enqueued nothing within 120 s")
             sampler.start()
@@ -166,10 +178,12 @@ class Producers:
     """Enqueue at `rate` for `seconds`: one bulk producer, or enough one-by-one producers
     (processes) to reach the rate if the machine lets them."""
 
-    def __init__(self, env: dict[str, str], rate: float, seconds: float, mode: str) -> None:
+    def __init__(
+        self, env: dict[str, str], rate: float, seconds: float, mode: str, task: str
+    ) -> None:
         count = 1 if mode == "bulk" else max(1, math.ceil(rate / PRODUCER_RATE))
         command = [env["BENCH_PYTHON"], "-m", env["BENCH_HELPER"], "produce"]
-        args = [str(rate / count), str(seconds), mode]
+        args = [str(rate / count), str(seconds), mode, task]
         self.procs = [
             subprocess.Popen(
                 [*command, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True

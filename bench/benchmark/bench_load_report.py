@@ -57,12 +57,20 @@ def step_note(step: dict[str, Any]) -> str:
     return "" if step["sustained"] else f" (queue {step['depth']:,})"
 
 
+def shape(load: dict[str, Any]) -> str:
+    """The load's workers and job, as run."""
+    flight = load.get("in_flight", 1)
+    if flight == 1:
+        return f"{load['workers']} worker processes, sync 1 ms jobs one at a time each"
+    return f"{load['workers']} worker processes x {flight} in flight, async 1 ms jobs"
+
+
 def continuous_lines(load: dict[str, Any], sizes: Any) -> list[str]:
     ratio = load["ratio"]
     steps = ", ".join(f"{step['rate']:,.0f}{step_note(step)}" for step in load["steps"])
     out = [
         "",
-        f"Continuous load (issue 28): {load['workers']} worker processes, 1 ms jobs. No-op "
+        f"Continuous load (issue 28): {shape(load)}. No-op "
         f"drain {num(load['drain'])} jobs/s; highest rate sustained with a bounded queue "
         f"{num(load['max_rate'])} jobs/s (bulk producer, {sizes.step:g} s a step: {steps}), "
         f"{num(ratio, '{:.2f}')} of the drain (target >= 0.5): "

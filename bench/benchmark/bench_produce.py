@@ -1,9 +1,9 @@
 """The continuous load's producer and warm-up (issue 28), commands of bench_helper.
 
-A producer enqueues the 1 ms load job at a fixed rate for a number of seconds: one
-`enqueue()` per job (autocommit), or `bulk_enqueue()` of what is due every BULK_EVERY
-seconds. It reports how many it enqueued and how many were due (a producer that cannot
-keep up says so rather than lowering the rate unseen).
+A producer enqueues a 1 ms load job (sync, or async for --in-flight workers) at a fixed
+rate for a number of seconds: one `enqueue()` per job (autocommit), or `bulk_enqueue()` of
+what is due every BULK_EVERY seconds. It reports how many it enqueued and how many were
+due (a producer that cannot keep up says so rather than lowering the rate unseen).
 """
 
 from __future__ import annotations
@@ -17,11 +17,12 @@ from bench.common import wait_for
 BULK_EVERY = 0.1  # seconds between a bulk producer's batches
 
 
-def produce(rows: Any, rate: str, seconds: str, mode: str) -> dict[str, Any]:
+def produce(rows: Any, rate: str, seconds: str, mode: str, name: str) -> dict[str, Any]:
     """Enqueue at `rate` per second until `seconds` have passed: what is due, one by one or
     every BULK_EVERY s in bulk. A producer that falls behind (a loaded machine) enqueues
-    fewer, never for longer: how many it enqueued, and how many were due."""
-    task, per_second, length = rows.task("work_1ms"), float(rate), float(seconds)
+    fewer, never for longer: how many it enqueued, and how many were due. `name`: the
+    load's task (bench_tasks)."""
+    task, per_second, length = rows.task(name), float(rate), float(seconds)
     bulk = task.get_backend().bulk_enqueue
     count, started = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - started) < length:

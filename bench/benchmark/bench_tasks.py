@@ -60,3 +60,9 @@ LOAD_SECONDS = 0.001  # the continuous load's job (issue 28)
 def work_1ms() -> None:
     """A job of the continuous load: 1 ms of work."""
     time.sleep(LOAD_SECONDS)
+
+
+@task
+async def work_1ms_async() -> None:
+    """The continuous load's job for workers with --in-flight: 1 ms waiting on I/O."""
+    await asyncio.sleep(LOAD_SECONDS)

@@ -11,7 +11,12 @@ from typing import Any
 
 TABLE = "django_jobstate_job"
 RUNNABLE_INDEX = "jobstate_job_runnable"
-LOAD_TASK = "bench.benchmark.bench_tasks.work_1ms"
+# The continuous load's jobs: 1 ms of sync work, or of async waiting (workers with
+# --in-flight); a run enqueues one of them.
+LOAD_TASKS = [
+    "bench.benchmark.bench_tasks.work_1ms",
+    "bench.benchmark.bench_tasks.work_1ms_async",
+]
 
 
 def connect(dbname: str) -> Any:
@@ -52,7 +57,7 @@ class Sampler(threading.Thread):
     def started(self) -> bool:
         """Whether a load job is in the table; then the run's clock starts at its enqueue."""
         first = self.conn.execute(
-            f"SELECT min(enqueued_at) FROM {TABLE} WHERE task_path = %s", [LOAD_TASK]
+            f"SELECT min(enqueued_at) FROM {TABLE} WHERE task_path = ANY(%s)", [LOAD_TASKS]
         ).fetchone()[0]
         if first is not None:
             self.origin = first
@@ -82,17 +87,17 @@ def timeline(dbname: str, origin: Any, every: float) -> list[dict[str, Any]]:
             SELECT floor(extract(epoch FROM enqueued_at - %s) / %s)::int AS k, count(*),
                 percentile_cont(0.5) WITHIN GROUP (ORDER BY started_at - enqueued_at),
                 percentile_cont(0.99) WITHIN GROUP (ORDER BY started_at - enqueued_at)
-            FROM {TABLE} WHERE task_path = %s GROUP BY k
+            FROM {TABLE} WHERE task_path = ANY(%s) GROUP BY k
             """,
-            [origin, every, LOAD_TASK],
+            [origin, every, LOAD_TASKS],
         ).fetchall()
         finished = dict(
             conn.execute(
                 f"""
                 SELECT floor(extract(epoch FROM finished_at - %s) / %s)::int AS k, count(*)
-                FROM {TABLE} WHERE task_path = %s AND finished_at IS NOT NULL GROUP BY k
+                FROM {TABLE} WHERE task_path = ANY(%s) AND finished_at IS NOT NULL GROUP BY k
                 """,
-                [origin, every, LOAD_TASK],
+                [origin, every, LOAD_TASKS],
             ).fetchall()
         )
     ms = lambda delta: delta and delta.total_seconds() * 1000  # noqa: E731
@@ -117,14 +122,14 @@ def window(dbname: str, origin: Any, start: float, end: float) -> dict[str, Any]
                     (ORDER BY started_at - enqueued_at)) * 1000,
                 extract(epoch FROM percentile_cont(0.99) WITHIN GROUP
                     (ORDER BY started_at - enqueued_at)) * 1000,
-                (SELECT count(*) FROM {TABLE} WHERE task_path = %s
+                (SELECT count(*) FROM {TABLE} WHERE task_path = ANY(%s)
                     AND finished_at >= %s + make_interval(secs => %s)
                     AND finished_at < %s + make_interval(secs => %s))
-            FROM {TABLE} WHERE task_path = %s
+            FROM {TABLE} WHERE task_path = ANY(%s)
                 AND enqueued_at >= %s + make_interval(secs => %s)
                 AND enqueued_at < %s + make_interval(secs => %s)
             """,
-            [LOAD_TASK, origin, start, origin, end, LOAD_TASK, origin, start, origin, end],
+            [LOAD_TASKS, origin, start, origin, end, LOAD_TASKS, origin, start, origin, end],
         ).fetchone()
     n, p50, p99, finished = row
     return {
