@@ -7,6 +7,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.db import connection, connections
+from django.db.backends.signals import connection_created
 from django.utils import timezone
 
 from django_jobstate.backend import JobStateBackend
@@ -347,6 +348,28 @@ def test_while_draining_a_backlog_a_worker_claims_from_its_last_batch(monkeypatc
     urgent = job("urgent", priority=10)
     job("last")
     assert worker.claim() == [urgent], "not claimed from the head after RESCAN_AFTER"
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("in_flight", [1, 4])
+def test_a_busy_worker_does_not_connect_again_for_each_claim(monkeypatch, in_flight):
+    """With Django's default CONN_MAX_AGE=0 too: a new connection is a new server process
+    on PostgreSQL, which costs more than a claim of a few jobs (issue 28)."""
+    monkeypatch.setitem(connection.settings_dict, "CONN_MAX_AGE", 0)
+    tasks.record.get_backend().bulk_enqueue(tasks.record, [([f"j{n}"], {}) for n in range(40)])
+    opened = []
+
+    def count(sender, connection, **kwargs):
+        if connection.alias == "default" and threading.current_thread() is threading.main_thread():
+            opened.append(connection)
+
+    connection_created.connect(count)
+    try:
+        Worker(burst=True, max_batch=4, in_flight=in_flight).run()
+    finally:
+        connection_created.disconnect(count)
+    assert len(executions()) == 40
+    assert len(opened) <= 1, f"{len(opened)} connections for at least 10 claims"
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")

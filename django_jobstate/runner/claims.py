@@ -36,6 +36,25 @@ MAX_BATCH = 100
 RESCAN_AFTER = 1.0
 
 
+def drop_broken_connections() -> None:
+    """Before a claim: close this thread's connections that are broken, or older than a
+    CONN_MAX_AGE above 0. Not those of Django's default CONN_MAX_AGE=0, as
+    close_old_connections() would: a busy worker would connect again for every claim (a
+    new server process on PostgreSQL, a few ms: more than a claim of a few jobs costs).
+    It keeps them while it finds jobs, and closes them as it goes idle (went_idle())."""
+    for connection in connections.all(initialized_only=True):
+        if connection.settings_dict["CONN_MAX_AGE"] != 0 or connection.errors_occurred:
+            connection.close_if_unusable_or_obsolete()
+
+
+def went_idle(db: str) -> None:
+    """A worker about to wait for jobs closes its connections as Django closes a
+    request's (close_old_connections(): with CONN_MAX_AGE=0, all of them), unless run
+    inside a transaction (a test's)."""
+    if not connections[db].in_atomic_block:
+        close_old_connections()
+
+
 class Claims:
     """Worker's claims; the attributes are Worker's."""
 
@@ -76,8 +95,8 @@ class Claims:
     def claim(self, limit: int | None = None) -> list[Job]:
         limit = self.claim_limit() if limit is None else limit
         connection = connections[self.db]
-        if not connection.in_atomic_block:  # a long-lived worker drops broken connections
-            close_old_connections()
+        if not connection.in_atomic_block:
+            drop_broken_connections()
         if time.monotonic() >= self._rescan_at:
             self._from_key = None
         elif self._from_key is not None and self._waiter is not None:

@@ -37,6 +37,7 @@ from ..states import FailureReason
 from ..tasksapi import Task, TaskResult
 from ..telemetry.logs import job_fields
 from .attempts import Outcome
+from .claims import went_idle
 from .flushing import FLUSH_AFTER
 
 if TYPE_CHECKING:
@@ -217,6 +218,7 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                 if not claiming or (worker.burst and not look and worker.burst_done()):
                     break
                 if not look:
+                    went_idle(worker.db)
                     waiter.wait(worker.poll_interval)
                     look = True
                 continue
