@@ -92,6 +92,18 @@ class Claims:
             size = min(size, self.max_jobs - self.jobs_done - in_flight)
         return size
 
+    def in_hand(self) -> int:
+        """With --in-flight: how many attempts to hold, running or claimed and waiting for
+        a place: the places, and as many more as they run in BATCH_WINDOW seconds (none
+        until it has seen how long jobs take), so that quick jobs are claimed by the batch
+        rather than a place at a time."""
+        ahead = 0
+        if self._average_duration is not None:
+            ahead = self.max_batch
+            if self._average_duration > 0:
+                ahead = min(ahead, int(self.in_flight * BATCH_WINDOW / self._average_duration))
+        return self.in_flight + ahead
+
     def claim(self, limit: int | None = None) -> list[Job]:
         limit = self.claim_limit() if limit is None else limit
         connection = connections[self.db]
