@@ -126,7 +126,7 @@ class Sizes:
     duration: float = 600.0
     step: float = 20.0
     every: float = 10.0
-    steps: int = 12  # rates tried, at most, before the one halfway back
+    steps: int = 12  # rates tried, at most, before those halving the gap (bench_load)
     # The load's workers: processes x attempts in flight each (--load). With more than one
     # in flight the load's job is async (1 ms of waiting), as in the harness; with
     # one, a sync 1 ms job, which four single-attempt processes can run 4,000 of a second

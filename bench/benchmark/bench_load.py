@@ -2,7 +2,7 @@
 
 continuous: the package's no-op drain with the load's workers (the reference); the highest
 rate of 1 ms jobs those workers sustain with a bounded queue, found by stepping a bulk
-producer's rate up (x1.5 a step, then one step halfway back); then runs of `duration`
+producer's rate up (x1.5 a step, then HALVINGS steps halving the gap); then runs of `duration`
 seconds at 50% and 90% of it, fed one job at a time and in bulk, each in a fresh database:
 pickup latency, queue depth, dead tuples and index sizes over time.
 pressure: the one-by-one run at 50%, with vacuum held back from 20% of the run for 30% of
@@ -30,6 +30,9 @@ PRODUCER_RATE = 200.0
 # (plus a claim's worth): a rate beyond the workers' leaves (rate - capacity) x step.
 BOUNDED = 0.25
 PRESSURES = ["idle_xact", "readers"]
+# Steps halving the gap between the highest rate sustained and the lowest not, after the
+# x1.5 steps: the top rate is then known within an eighth of a step (about 6%).
+HALVINGS = 2
 
 
 class LoadFigures:
@@ -86,7 +89,8 @@ class LoadFigures:
 
     def find_max(self, system: System, drain: float) -> list[dict[str, Any]]:
         """Step the bulk producer's rate up from a tenth of the drain, x1.5 while the queue
-        stays bounded, then once halfway between the last rate sustained and the first not."""
+        stays bounded, then HALVINGS times halfway between the highest rate sustained and the
+        lowest not."""
         env = self.db.fresh(system)
         procs = self.load_workers(system, env)
         steps: list[dict[str, Any]] = []
@@ -101,7 +105,13 @@ class LoadFigures:
                 rate = round(rate * 1.5, -1)
             good = [step["rate"] for step in steps if step["sustained"]]
             if good and not steps[-1]["sustained"]:
-                steps.append(self.step(env, sampler, round((good[-1] + rate) / 2, -1)))
+                bad = rate
+                for _ in range(HALVINGS):
+                    steps.append(self.step(env, sampler, round((max(good) + bad) / 2, -1)))
+                    if steps[-1]["sustained"]:
+                        good.append(steps[-1]["rate"])
+                    else:
+                        bad = steps[-1]["rate"]
             sampler.conn.close()
             procs.stop()
         finally:
