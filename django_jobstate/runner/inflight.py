@@ -228,14 +228,18 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                         extra=job_fields(job, "job.handed_back"),
                     )
             pool.submit(started)
-            # Claim once fewer than a pool's worth wait in hand, as many as in_hand() says.
-            # Outcomes not yet written keep their places in the ledger too: claim no more
-            # than fit beside those. (A run of claimed jobs not to be run, whose outcomes
-            # are known at once, would fill it otherwise: they take no place in the pool.)
+            # Claim once fewer than a pool's worth wait in hand, as many as in_hand() says,
+            # and not while outcomes wait for the writer: a slow write (a lock, a loaded
+            # server) must not let finished attempts pile up unwritten, which a process
+            # stopped at a deadline would lose. Outcomes not yet written keep their places
+            # in the ledger too: claim no more than fit beside those. (A run of claimed jobs
+            # not to be run, whose outcomes are known at once, would fill it otherwise: they
+            # take no place in the pool.)
             held = len(pool.running) + len(hand)
-            room = worker.ledger.size - held - len(places) - writer.places
+            room = worker.ledger.size - held - len(places)
             wanted = min(worker.in_hand() - held, room, worker.claim_limit(in_flight=held))
-            if claiming and look and len(hand) < worker.in_flight and wanted > 0:
+            writing = writer.places > 0
+            if claiming and look and not writing and len(hand) < worker.in_flight and wanted > 0:
                 jobs = worker.claim(wanted)
                 last_look = time.monotonic()
                 look = len(jobs) == wanted  # a full claim: more may wait
