@@ -8,7 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING
 
-from django.db import DatabaseError, close_old_connections, connections
+from django.db import DatabaseError, connections
 
 from ..managers import ClaimKey, claim_key
 from ..models import Job
@@ -41,18 +41,10 @@ def drop_broken_connections() -> None:
     CONN_MAX_AGE above 0. Not those of Django's default CONN_MAX_AGE=0, as
     close_old_connections() would: a busy worker would connect again for every claim (a
     new server process on PostgreSQL, a few ms: more than a claim of a few jobs costs).
-    It keeps them while it finds jobs, and closes them as it goes idle (went_idle())."""
+    A worker holds its connection, idle or not, as it did between two claims before."""
     for connection in connections.all(initialized_only=True):
         if connection.settings_dict["CONN_MAX_AGE"] != 0 or connection.errors_occurred:
             connection.close_if_unusable_or_obsolete()
-
-
-def went_idle(db: str) -> None:
-    """A worker about to wait for jobs closes its connections as Django closes a
-    request's (close_old_connections(): with CONN_MAX_AGE=0, all of them), unless run
-    inside a transaction (a test's)."""
-    if not connections[db].in_atomic_block:
-        close_old_connections()
 
 
 class Claims:
@@ -91,18 +83,6 @@ class Claims:
         if self.max_jobs is not None:
             size = min(size, self.max_jobs - self.jobs_done - in_flight)
         return size
-
-    def in_hand(self) -> int:
-        """With --in-flight: how many attempts to hold, running or claimed and waiting for
-        a place: the places, and as many more as they run in BATCH_WINDOW seconds (none
-        until it has seen how long jobs take), so that quick jobs are claimed by the batch
-        rather than a place at a time."""
-        ahead = 0
-        if self._average_duration is not None:
-            ahead = self.max_batch
-            if self._average_duration > 0:
-                ahead = min(ahead, int(self.in_flight * BATCH_WINDOW / self._average_duration))
-        return self.in_flight + ahead
 
     def claim(self, limit: int | None = None) -> list[Job]:
         limit = self.claim_limit() if limit is None else limit

@@ -37,10 +37,7 @@ from ..states import FailureReason
 from ..tasksapi import Task, TaskResult
 from ..telemetry.logs import job_fields
 from .attempts import Outcome
-from .claims import went_idle
 from .flushing import FLUSH_AFTER
-from .hand import Hand
-from .writer import Writer
 
 if TYPE_CHECKING:
     from .wakeup import Waiter
@@ -51,7 +48,6 @@ logger = logging.getLogger("django_jobstate.worker")
 # How often the loop looks for new jobs and notifications while attempts run (a completion
 # wakes it at once), and the event loop for async attempts past their deadline.
 SLICE = 0.05
-ORM_CHECK = 1.0  # seconds between looks at the async ORM thread's connection (_run_async)
 
 
 class InFlight:
@@ -69,32 +65,20 @@ class InFlight:
         # running, and those it cancelled at their deadline.
         self._tasks: dict[int, asyncio.Task[Any]] = {}
         self._stopped: set[int] = set()
-        self._attempts: set[asyncio.Task[None]] = set()
-        self._orm_checked = 0.0  # when the async ORM's connection was last looked at
 
     @property
     def free(self) -> int:
         return self.limit - len(self.running)
 
-    def submit(self, started: list[tuple[Job, Task, TaskResult, int]]) -> None:
-        """Run started attempts' bodies beside the others: the async ones handed to the
-        event loop together (one wake-up of its thread, not one per attempt)."""
-        on_loop = []
-        for job, task, result, index in started:
-            self.running[index] = job
-            if self.worker.on_loop(task):
-                on_loop.append((job, task, result, index))
-            else:
-                self._threads.submit(self._run_sync, job, task, result, index)
-        if on_loop:
-            self._event_loop().call_soon_threadsafe(self._start_async, on_loop)
-
-    def _start_async(self, attempts: list[tuple[Job, Task, TaskResult, int]]) -> None:
-        assert self._loop is not None
-        for attempt in attempts:
-            running = self._loop.create_task(self._run_async(*attempt))
-            self._attempts.add(running)  # the event loop keeps only a weak reference
-            running.add_done_callback(self._attempts.discard)
+    def submit(self, job: Job, task: Task, result: TaskResult, index: int) -> None:
+        """Run a started attempt's body beside the others."""
+        self.running[index] = job
+        if self.worker.on_loop(task):
+            asyncio.run_coroutine_threadsafe(
+                self._run_async(job, task, result, index), self._event_loop()
+            )
+        else:
+            self._threads.submit(self._run_sync, job, task, result, index)
 
     def take(self, timeout: float) -> list[tuple[int, Outcome]]:
         """The outcomes of attempts that ended: wait up to `timeout` for the first."""
@@ -163,13 +147,9 @@ class InFlight:
             self._stopped.discard(index)
         # The async ORM's queries run on one thread of their own (asgiref's): drop its
         # connection there once broken or past CONN_MAX_AGE, as after a sync attempt, or
-        # a database restart would fail every async attempt after it. After a failure,
-        # and else at most every ORM_CHECK seconds: each look is a hop to that thread
-        # and back, which costs more than a quick attempt.
+        # a database restart would fail every async attempt after it.
         try:
-            if outcome.error is not None or time.monotonic() - self._orm_checked > ORM_CHECK:
-                self._orm_checked = time.monotonic()
-                await sync_to_async(close_old_connections)()
+            await sync_to_async(close_old_connections)()
         finally:
             self._done.put((index, worker.judge(outcome, span)))
 
@@ -196,11 +176,8 @@ class InFlight:
 
 
 def run_in_flight(worker: Worker, waiter: Waiter) -> None:
-    """The worker loop with up to worker.in_flight attempts running at once, and quick
-    jobs claimed by the batch ahead of the free places (Claims.in_hand)."""
+    """The worker loop with up to worker.in_flight attempts running at once."""
     pool = InFlight(worker, worker.in_flight)
-    hand = Hand(worker)
-    writer = Writer(worker)
     done: list[Outcome] = []
     places: list[int] = []
     look = True  # claim at the next turn: jobs may be waiting
@@ -208,50 +185,38 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
     try:
         while True:
             claiming = not (worker.stopping or worker.reached_max_jobs or worker.orphaned())
-            if not claiming:
-                hand.give_back()
-            started = []
-            for job, index in hand.take(pool.free):
-                begun = worker.begin(job, index)
-                if isinstance(begun, tuple):
-                    started.append((job, *begun, index))
-                elif begun is not None:  # not to be run: its outcome is known
-                    worker.jobs_done += 1
-                    done.append(begun)
-                    places.append(index)
-                else:
-                    worker.ledger.free([index])
-                    logger.info(
-                        "Worker %s handed job %s back unstarted",
-                        worker.worker_id,
-                        job.pk,
-                        extra=job_fields(job, "job.handed_back"),
-                    )
-            pool.submit(started)
-            # Claim once fewer than a pool's worth wait in hand, as many as in_hand() says,
-            # and not while outcomes wait for the writer: a slow write (a lock, a loaded
-            # server) must not let finished attempts pile up unwritten, which a process
-            # stopped at a deadline would lose. Outcomes not yet written keep their places
-            # in the ledger too: claim no more than fit beside those. (A run of claimed jobs
-            # not to be run, whose outcomes are known at once, would fill it otherwise: they
-            # take no place in the pool.)
-            held = len(pool.running) + len(hand)
-            room = worker.ledger.size - held - len(places)
-            wanted = min(worker.in_hand() - held, room, worker.claim_limit(in_flight=held))
-            writing = writer.places > 0
-            if claiming and look and not writing and len(hand) < worker.in_flight and wanted > 0:
+            # Outcomes not yet written keep their places in the ledger, which holds a batch
+            # of them beside the attempts in flight: claim no more than fit beside those.
+            # (A run of claimed jobs not to be run, whose outcomes are known at once, would
+            # fill it otherwise: they take no place in the pool.)
+            room = worker.max_batch - len(places)
+            wanted = min(pool.free, room, worker.claim_limit(in_flight=len(pool.running)))
+            if claiming and look and wanted > 0:
                 jobs = worker.claim(wanted)
                 last_look = time.monotonic()
                 look = len(jobs) == wanted  # a full claim: more may wait
-                hand.add(jobs)
+                for job, index in zip(jobs, worker.ledger.hold([j.pk for j in jobs]), strict=True):
+                    begun = worker.begin(job, index)
+                    if isinstance(begun, tuple):
+                        pool.submit(job, *begun, index)
+                    elif begun is not None:  # not to be run: its outcome is known
+                        worker.jobs_done += 1
+                        done.append(begun)
+                        places.append(index)
+                    else:
+                        worker.ledger.free([index])
+                        logger.info(
+                            "Worker %s handed job %s back unstarted",
+                            worker.worker_id,
+                            job.pk,
+                            extra=job_fields(job, "job.handed_back"),
+                        )
                 if jobs:
                     continue
-            if not pool.running and not done and not hand:
-                writer.wait()  # the rows of this worker's outcomes are written
+            if not pool.running and not done:
                 if not claiming or (worker.burst and not look and worker.burst_done()):
                     break
                 if not look:
-                    went_idle(worker.db)
                     waiter.wait(worker.poll_interval)
                     look = True
                 continue
@@ -267,13 +232,12 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                 or done[-1].error
                 or len(done) >= worker.max_batch
             ):
-                writer.write(done, places)
+                worker.record(done)
+                worker.ledger.free(places)
                 done, places = [], []
-            writer.check()
             if not look and (waiter.heard() or time.monotonic() - last_look > worker.poll_interval):
                 look = True
     finally:
-        writer.close()
         if done:
             worker.record(done)
             worker.ledger.free(places)

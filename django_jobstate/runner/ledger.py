@@ -27,10 +27,9 @@ HELD, STARTED, RELEASED = 0, 1, 2
 
 
 def ledger_size(max_batch: int, in_flight: int) -> int:
-    """The places of a worker's ledger: a batch; with --in-flight, the attempts running,
-    those claimed and waiting for a place (at most a batch) and the outcomes not yet
-    written (at most a batch: inflight.py writes them then)."""
-    return max_batch if in_flight == 1 else 2 * max_batch + in_flight
+    """The places of a worker's ledger: a batch; with --in-flight, the attempts running
+    and the outcomes not yet written (at most a batch: inflight.py writes them then)."""
+    return max_batch if in_flight == 1 else max_batch + in_flight
 
 
 class Ledger:

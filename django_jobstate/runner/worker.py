@@ -33,7 +33,7 @@ from ..tasksapi import Task
 from ..telemetry.logs import job_fields
 from .attempts import AttemptRunner
 from .burst import BurstEnd
-from .claims import MAX_BATCH, Claims, went_idle
+from .claims import MAX_BATCH, Claims
 from .flushing import FLUSH_AFTER, Flusher
 from .ledger import Ledger, ledger_size
 from .recording import OutcomeWriter
@@ -152,7 +152,6 @@ class Worker(Claims, AttemptRunner, OutcomeWriter):
                 elif self.burst and self.burst_done():
                     break
                 else:
-                    went_idle(self.db)
                     waiter.wait(self.poll_interval)
         finally:
             self.flusher.close()
