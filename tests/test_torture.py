@@ -187,7 +187,9 @@ def test_torture_run_loses_nothing_and_runs_nothing_twice(tmp_path, reconnect_af
     assert chains >= 3, output
     assert chords >= 3, output
     called, gave_up = map(int, figures["workflow_chords"].split(" / "))
-    assert called > 0, output
+    # A callback ran, unless every chord's group failed: a doomed step fails one chord in
+    # three, and the run's cancels and kills may fail the others (CI saw 0 / 5).
+    assert called > 0 or gave_up == chords, output
     assert gave_up > 0, output
     sync, async_ = map(int, figures["in_flight_runs"].split(" / "))
     assert sync > 0, output
