@@ -445,8 +445,16 @@ class Workloads:
 
         found = self.guarded(query, None)
         supervisor = found and self.owner(found[0])
+        if supervisor and supervisor.prefix is None:
+            self.learn()  # a supervisor started since the last learn(): its prefix
         self.limit_tries += 1
-        if not found or not supervisor or supervisor.host or found[0] in self.paused:
+        if (
+            not found
+            or not supervisor
+            or supervisor.prefix is None
+            or supervisor.host
+            or found[0] in self.paused
+        ):
             if found:  # on the partitioned host, or paused: another pair
                 self.limit_pair = None
             if self.limit_tries < 2 * LOCK_WAIT:
