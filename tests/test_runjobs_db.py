@@ -126,7 +126,9 @@ def test_a_claim_whose_reply_the_restart_lost_is_handed_back(runjobs):
         "--concurrency", "1", "--queue", "default", JOBSTATE_TEST_CONN_MAX_AGE="none"
     )
     tasks.record.enqueue("claiming")  # run: the worker claims, and will claim in the restart
-    wait_for(lambda: Execution.objects.exists())
+    # Written too: a restart that fell in the outcome's write (retried on a new
+    # connection) would leave the worker no claim in doubt.
+    wait_for(lambda: Job.objects.filter(state=State.SUCCEEDED).exists())
     worker_id = WorkerHeartbeat.objects.get().worker_id
     tasks.email.enqueue("lost@example.com")
     (unseen,) = Job.objects.claim(worker_id, queues=["emails"])
