@@ -105,8 +105,11 @@ class JobQuerySet(models.QuerySet["Job"]):
         Whole tasks only, so that pruning never changes what a task's result reads as: a
         task whose final success was deleted would read as failed (and could be retried),
         one whose failed attempts were deleted would lose its errors. `states` is the
-        task's final outcome. Never a task that still has a live attempt.
+        task's final outcome. Never a task that still has a live attempt, nor one whose
+        result a live task depends on (a workflow's later step waits to receive it).
         """
+        from .workflows.fields import JobDependency
+
         states = TERMINAL_STATES if states is None else {State(s) for s in states}
         if live := states & LIVE_STATES:
             raise ValueError(f"Only terminal attempts can be pruned, not {sorted(live)}.")
@@ -118,7 +121,15 @@ class JobQuerySet(models.QuerySet["Job"]):
             finished_at__lt=Now() - older_than,
         ).exclude(Exists(newer))
         live_attempt = jobs.live().filter(result_id=OuterRef("result_id"))
-        return self.filter(Exists(final)).exclude(Exists(live_attempt))
+        # A dependent still live is given this task's result when released (managers/deps.py).
+        waited_for = JobDependency.objects.filter(
+            upstream=OuterRef("result_id"), downstream__in=jobs.live().values("result_id")
+        )
+        return (
+            self.filter(Exists(final))
+            .exclude(Exists(live_attempt))
+            .exclude(Exists(waited_for), has_dependents=True)
+        )
 
     def counts_by_queue(self) -> dict[str, dict[str, int]]:
         """Return {queue: {state: count}}, every state present, for the queues with jobs."""

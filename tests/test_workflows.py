@@ -5,6 +5,7 @@ burst Worker; the race with real `runjobs` processes is in test_workflows_race.p
 
 import threading
 import uuid
+from datetime import timedelta
 
 import pytest
 from django.db import connection, connections
@@ -310,6 +311,43 @@ def test_a_step_can_wait_for_a_scheduled_job() -> None:
     assert newest(after.id).hold == Hold.DEPS
     run()
     assert labels() == ["value:5", "add:1+2"]
+
+
+# prunejobs
+
+
+def test_prune_keeps_a_result_a_waiting_step_receives_and_drops_the_edges_with_the_tasks() -> None:
+    backend = task_backends["default"]
+    emails = step(t.step_value.using(queue_name="emails"), 2)
+    wf = chord(group(step(t.step_value, 1), emails), step(t.total)).enqueue()
+    backend.pause_queue("emails", by="test")
+    run()
+    assert labels() == ["value:1"]
+    long_ago = timezone.now() - timedelta(days=30)
+    Job.objects.filter(state=State.SUCCEEDED).update(finished_at=long_ago)
+
+    # The callback is still to receive value:1's result: pruned, it would get None.
+    assert Job.objects.prune(timedelta(days=7)) == 0
+    backend.resume_queue("emails", by="test")
+    Worker(burst=True, poll_interval=0.05, queues=["emails"]).run()
+    run()
+    assert labels() == ["value:1", "value:2", "total:[1, 2]"]
+    assert get_workflow(wf.id).return_value == 3
+
+    Job.objects.update(finished_at=long_ago)
+    assert Job.objects.prune(timedelta(days=7)) == 3
+    assert not JobDependency.objects.exists()  # no edge outlives the tasks it joined
+
+
+def test_a_dependent_written_after_the_prune_chose_its_tasks_keeps_its_upstream() -> None:
+    a = t.step_value.enqueue(1)
+    run()
+    Job.objects.update(finished_at=timezone.now() - timedelta(days=30))
+    chosen = list(Job.objects.prunable(timedelta(days=7)).values_list("pk", flat=True))
+    t.step_value.using(depends_on=[a.id]).enqueue(2)  # commits before the prune's batch
+
+    assert Job.objects._delete_tasks(connection.alias, chosen) == 0  # the batch checks again
+    assert Job.objects.filter(result_id=a.id).exists()
 
 
 # the race with an upstream that finishes while a dependent is enqueued

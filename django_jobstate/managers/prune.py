@@ -2,13 +2,21 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 
 from django.db import connections, router, transaction
 
-from ..states import TERMINAL_STATES
+from ..states import LIVE_STATES, TERMINAL_STATES
 from .base import Writes
+
+
+def _edges(db: str) -> Any:
+    from ..models import JobDependency
+
+    return JobDependency.objects.using(db)
 
 
 class Prune(Writes):
@@ -53,34 +61,61 @@ class Prune(Writes):
             deleted += self._delete_tasks(db, [pk for pk, _ in rows])
 
     def _delete_tasks(self, db: str, ids: list[int]) -> int:
-        """Delete the tasks all of whose attempts are among `ids`, and terminal."""
+        """Delete the tasks all of whose attempts are among `ids`, and terminal, and whose
+        results no live task waits for; and the dependency edges of those deleted."""
         connection = connections[db]
-        qn = connection.ops.quote_name
-        table = qn(self.model._meta.db_table)
         with transaction.atomic(using=db):
             if connection.vendor != "sqlite":  # SQLite: one writer at a time
                 locked = self.using(db).filter(pk__in=ids).select_for_update().order_by("pk")
                 ids = list(locked.values_list("pk", flat=True))  # any deleted meanwhile: gone
                 if not ids:
                     return 0
+            # The tasks that depend on others (pending_deps is NULL for any other).
+            dependents = set(
+                self.using(db)
+                .filter(pk__in=ids, pending_deps__isnull=False)
+                .values_list("result_id", flat=True)
+            )
             if connection.vendor == "mysql":
-                return self._delete_tasks_mysql(db, ids)
-            marks = ", ".join(["%s"] * len(ids))
-            terminal = sorted(TERMINAL_STATES)
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    f"""DELETE FROM {table}
-                    WHERE {qn("id")} IN ({marks}) AND NOT EXISTS (
-                        SELECT 1 FROM {table} AS other
-                        WHERE other.{qn("result_id")} = {table}.{qn("result_id")} AND (
-                            other.{qn("id")} NOT IN ({marks})
-                            OR other.{qn("state")} NOT IN ({", ".join(["%s"] * len(terminal))})
-                        )
+                deleted = self._delete_tasks_mysql(db, ids)
+            else:
+                deleted = self._delete_tasks_sql(db, ids)
+            # The edges into the dependents deleted: nothing reads them again (those out of
+            # a task go with the task they lead to, once that is pruned).
+            if dependents:
+                kept = self.using(db).filter(result_id__in=dependents).values("result_id")
+                _edges(db).filter(downstream__in=dependents).exclude(downstream__in=kept).delete()
+            return deleted
+
+    def _delete_tasks_sql(self, db: str, ids: list[int]) -> int:
+        """_delete_tasks() on PostgreSQL and SQLite: one statement that judges each task by
+        a snapshot taken after the rows were locked."""
+        connection = connections[db]
+        qn = connection.ops.quote_name
+        table = qn(self.model._meta.db_table)
+        edges = qn(_edges(db).model._meta.db_table)
+        marks = ", ".join(["%s"] * len(ids))
+        terminal, live = sorted(TERMINAL_STATES), sorted(LIVE_STATES)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"""DELETE FROM {table}
+                WHERE {qn("id")} IN ({marks}) AND NOT EXISTS (
+                    SELECT 1 FROM {table} AS other
+                    WHERE other.{qn("result_id")} = {table}.{qn("result_id")} AND (
+                        other.{qn("id")} NOT IN ({marks})
+                        OR other.{qn("state")} NOT IN ({", ".join(["%s"] * len(terminal))})
                     )
-                    """,
-                    [*ids, *ids, *terminal],
+                ) AND NOT EXISTS (
+                    SELECT 1 FROM {edges} AS edge
+                    JOIN {table} AS dependent
+                        ON dependent.{qn("result_id")} = edge.{qn("downstream")}
+                    WHERE edge.{qn("upstream")} = {table}.{qn("result_id")}
+                        AND dependent.{qn("state")} IN ({", ".join(["%s"] * len(live))})
                 )
-                return cursor.rowcount
+                """,
+                [*ids, *ids, *terminal, *live],
+            )
+            return cursor.rowcount
 
     def _delete_tasks_mysql(self, db: str, ids: list[int]) -> int:
         """_delete_tasks() on MariaDB/MySQL, in the transaction that locked `ids`.
@@ -91,16 +126,22 @@ class Prune(Writes):
         InnoDB checks the foreign key `previous` row by row, not at the statement's end:
         later attempts, which have the higher ids, go first.
         """
-        by_task: dict[str, list[tuple[int, str]]] = {}
+        by_task: dict[uuid.UUID, list[tuple[int, str]]] = {}
         attempts = self.using(db).filter(
             result_id__in=self.using(db).filter(pk__in=ids).values("result_id")
         )
         for pk, result_id, state in attempts.select_for_update().values_list(
             "pk", "result_id", "state"
         ):
-            by_task.setdefault(str(result_id), []).append((pk, state))
+            by_task.setdefault(result_id, []).append((pk, state))
+        # The tasks whose results a live task waits for: a locking read too.
+        live = self.using(db).live().values("result_id")
+        edges = _edges(db).filter(upstream__in=list(by_task), downstream__in=live)
+        waited_for = set(edges.select_for_update().values_list("upstream", flat=True))
         chosen, doomed = set(ids), []
-        for rows in by_task.values():
+        for result_id, rows in by_task.items():
+            if result_id in waited_for:
+                continue
             if all(pk in chosen and state in TERMINAL_STATES for pk, state in rows):
                 doomed += [pk for pk, _ in rows]
         if not doomed:
