@@ -10,6 +10,7 @@ from collections import Counter
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
@@ -244,3 +245,19 @@ def test_an_async_task_runs_as_a_sync_one_does(runjobs):
     assert stopped.status == TaskResultStatus.FAILED
     assert Job.objects.get(result_id=late.id).failure_reason == FailureReason.TIMEOUT
     assert sorted(Execution.objects.values_list("label", flat=True)) == ["a:1", "a:2", "late"]
+
+
+def test_a_sigterm_while_a_worker_is_being_started_stops_that_worker_too(runjobs):
+    # The supervisor's first worker waits for the fork server to set Django up (made slow
+    # here): a SIGTERM that comes meanwhile must reach it too, or runjobs never exits.
+    slow = {"INSTALLED_APPS": [*settings.INSTALLED_APPS, "tests.slow_import"]}
+    proc = runjobs.start(
+        "--concurrency", "2",
+        JOBSTATE_TEST_SETTINGS=json.dumps(slow),
+        JOBSTATE_TEST_SLOW_IMPORT="2",
+    )  # fmt: skip
+    wait_for(lambda: "started 2 worker(s)" in runjobs.output(proc), timeout=60)
+    time.sleep(0.3)  # in the first worker's start, which waits for the fork server
+    proc.send_signal(signal.SIGTERM)
+    runjobs.wait(proc, 30)
+    assert proc.returncode == 0, runjobs.output(proc)
