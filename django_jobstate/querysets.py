@@ -106,7 +106,7 @@ class JobQuerySet(models.QuerySet["Job"]):
         task whose final success was deleted would read as failed (and could be retried),
         one whose failed attempts were deleted would lose its errors. `states` is the
         task's final outcome. Never a task that still has a live attempt, nor one whose
-        result a live task depends on (a workflow's later step waits to receive it).
+        result another task may still be given (never_released()).
         """
         from .workflows.fields import JobDependency
 
@@ -121,15 +121,10 @@ class JobQuerySet(models.QuerySet["Job"]):
             finished_at__lt=Now() - older_than,
         ).exclude(Exists(newer))
         live_attempt = jobs.live().filter(result_id=OuterRef("result_id"))
-        # A dependent still live is given this task's result when released (managers/deps.py).
         waited_for = JobDependency.objects.filter(
-            upstream=OuterRef("result_id"), downstream__in=jobs.live().values("result_id")
+            upstream=OuterRef("result_id"), downstream__in=never_released(jobs)
         )
-        return (
-            self.filter(Exists(final))
-            .exclude(Exists(live_attempt))
-            .exclude(Exists(waited_for), has_dependents=True)
-        )
+        return self.filter(Exists(final)).exclude(Exists(live_attempt)).exclude(Exists(waited_for))
 
     def counts_by_queue(self) -> dict[str, dict[str, int]]:
         """Return {queue: {state: count}}, every state present, for the queues with jobs."""
@@ -211,3 +206,12 @@ def _oldest_age(jobs: JobQuerySet) -> float | None:
     """Seconds the longest-waiting of due `jobs` has been due (database clock), or None."""
     age = jobs.aggregate(age=Now() - models.Min("run_after"))["age"]
     return None if age is None else max(0.0, age.total_seconds())
+
+
+def never_released(jobs: Any) -> Any:
+    """The result ids of the tasks that depend on others and were never released: held,
+    or failed or cancelled while held. Released, such a task is given its upstreams'
+    results (managers/deps.py): an upstream failed for good that an operator retries
+    brings those it failed back, held again. (A released task has them in its arguments:
+    a retry of it copies them.)"""
+    return jobs.filter(pending_deps__gt=0).values("result_id")

@@ -339,12 +339,30 @@ def test_prune_keeps_a_result_a_waiting_step_receives_and_drops_the_edges_with_t
     assert not JobDependency.objects.exists()  # no edge outlives the tasks it joined
 
 
+def test_prune_keeps_a_result_a_step_failed_while_held_gets_when_brought_back() -> None:
+    wf = chord(group(step(t.step_value, 1), step(t.fails_until_allowed, "x")), step(t.total))
+    wf = wf.enqueue()
+    run()
+    callback = newest(wf.steps[-1].id)
+    assert callback.failure_reason == FailureReason.UPSTREAM_FAILED
+    Job.objects.update(finished_at=timezone.now() - timedelta(days=30))
+
+    # Successes kept 7 days, failures longer (JOBSTATE_RETENTION): the callback is not
+    # live, but the retry of the failed step brings it back, held again, to be given 1.
+    assert Job.objects.prune(timedelta(days=7), states=[State.SUCCEEDED]) == 0
+    Execution.objects.create(label="allow:x")
+    Job.objects.retry(newest(wf.steps[1].id))
+    run()
+    assert labels()[-1] == "total:[1, 'x']"
+
+
 def test_a_dependent_written_after_the_prune_chose_its_tasks_keeps_its_upstream() -> None:
     a = t.step_value.enqueue(1)
     run()
     Job.objects.update(finished_at=timezone.now() - timedelta(days=30))
     chosen = list(Job.objects.prunable(timedelta(days=7)).values_list("pk", flat=True))
-    t.step_value.using(depends_on=[a.id]).enqueue(2)  # commits before the prune's batch
+    b = t.step_value.enqueue(2)
+    t.step_value.using(depends_on=[a.id, b.id]).enqueue(3)  # commits before the batch
 
     assert Job.objects._delete_tasks(connection.alias, chosen) == 0  # the batch checks again
     assert Job.objects.filter(result_id=a.id).exists()

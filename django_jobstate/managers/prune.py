@@ -9,8 +9,10 @@ from typing import Any
 
 from django.db import connections, router, transaction
 
-from ..states import LIVE_STATES, TERMINAL_STATES
+from ..querysets import never_released
+from ..states import TERMINAL_STATES
 from .base import Writes
+from .conflicts import retries_conflicts
 
 
 def _edges(db: str) -> Any:
@@ -60,9 +62,11 @@ class Prune(Writes):
             last = rows[-1][1]
             deleted += self._delete_tasks(db, [pk for pk, _ in rows])
 
+    @retries_conflicts  # a retry of a dependent locks it, then its upstreams: a deadlock
     def _delete_tasks(self, db: str, ids: list[int]) -> int:
         """Delete the tasks all of whose attempts are among `ids`, and terminal, and whose
-        results no live task waits for; and the dependency edges of those deleted."""
+        results no task may still be given (never_released()); and the dependency edges
+        into those deleted."""
         connection = connections[db]
         with transaction.atomic(using=db):
             if connection.vendor != "sqlite":  # SQLite: one writer at a time
@@ -95,7 +99,7 @@ class Prune(Writes):
         table = qn(self.model._meta.db_table)
         edges = qn(_edges(db).model._meta.db_table)
         marks = ", ".join(["%s"] * len(ids))
-        terminal, live = sorted(TERMINAL_STATES), sorted(LIVE_STATES)
+        terminal = sorted(TERMINAL_STATES)
         with connection.cursor() as cursor:
             cursor.execute(
                 f"""DELETE FROM {table}
@@ -110,10 +114,10 @@ class Prune(Writes):
                     JOIN {table} AS dependent
                         ON dependent.{qn("result_id")} = edge.{qn("downstream")}
                     WHERE edge.{qn("upstream")} = {table}.{qn("result_id")}
-                        AND dependent.{qn("state")} IN ({", ".join(["%s"] * len(live))})
+                        AND dependent.{qn("pending_deps")} > 0
                 )
                 """,
-                [*ids, *ids, *terminal, *live],
+                [*ids, *ids, *terminal],
             )
             return cursor.rowcount
 
@@ -134,10 +138,10 @@ class Prune(Writes):
             "pk", "result_id", "state"
         ):
             by_task.setdefault(result_id, []).append((pk, state))
-        # The tasks whose results a live task waits for: a locking read too.
-        live = self.using(db).live().values("result_id")
-        edges = _edges(db).filter(upstream__in=list(by_task), downstream__in=live)
-        waited_for = set(edges.select_for_update().values_list("upstream", flat=True))
+        # Read after the locks: whoever makes a task depend on these locks them first.
+        waiting = never_released(self.using(db))
+        edges = _edges(db).filter(upstream__in=list(by_task), downstream__in=waiting)
+        waited_for = set(edges.values_list("upstream", flat=True))
         chosen, doomed = set(ids), []
         for result_id, rows in by_task.items():
             if result_id in waited_for:
