@@ -280,6 +280,18 @@ def test_cancelling_a_held_step_cancels_what_comes_after_it() -> None:
     assert wf.status == TaskResultStatus.FAILED
 
 
+def test_a_step_cancelled_while_held_and_retried_later_receives_what_it_waited_for() -> None:
+    wf = chain(step(t.step_value, 3), step(t.square).receive("x")).enqueue()
+    task_backends["default"].cancel(wf.steps[1].id)  # held: it never received x
+    run()
+    assert labels() == ["value:3"]
+
+    Job.objects.retry(newest(wf.steps[1].id))  # its upstream done: due at once
+    run()
+    assert labels() == ["value:3", "square:3"]
+    assert get_workflow(wf.id).return_value == 9
+
+
 def test_metadata_of_a_step_is_kept() -> None:
     wf = chain(step(t.step_value.using(metadata={"batch": 4}), 1), step(t.step_value, 2)).enqueue()
     assert newest(wf.steps[0].id).metadata == {"batch": 4}

@@ -79,17 +79,21 @@ class Retry(Dependencies):
                 has_dependents = marks[0]  # read under the lock: a dependent's mark is final
                 # Through the gate of an enqueue: its slot first, then its rate (rates.py).
                 hold = Hold.LIMIT if job.concurrency_key else Hold.RATE if job.rate_limit else None
-                pending = None
+                pending, args, kwargs = None, job.args, job.kwargs
                 if job.pending_deps is not None:  # it depends on others: held until they succeed
                     pending, _ = self._pending_for(db, job.result_id)
                     hold = Hold.DEPS if pending else hold
+                    if not pending and job.pending_deps and job.receives is not None:
+                        # Never released (failed or cancelled while held), and nothing to
+                        # wait for now: given its upstreams' results here, as a release does.
+                        args, kwargs = self._given_results(db, job)
                 next_attempt = self.create(
                     result_id=job.result_id,
                     attempt=job.attempt + 1,
                     previous=job,
                     task_path=job.task_path,
-                    args=job.args,
-                    kwargs=job.kwargs,
+                    args=args,
+                    kwargs=kwargs,
                     backend=job.backend,
                     queue_name=job.queue_name,
                     priority=job.priority,
