@@ -209,8 +209,8 @@ def _oldest_age(jobs: JobQuerySet) -> float | None:
 
 
 def never_released(jobs: Any) -> Any:
-    """The result ids of the tasks that depend on others and were never released: held,
-    or failed or cancelled while held. Released, such a task is given its upstreams'
+    """The result ids of the tasks that depend on others with an attempt never released:
+    held, or failed or cancelled while held. Released, such a task is given its upstreams'
     results (managers/deps.py): an upstream failed for good that an operator retries
     brings those it failed back, held again. (A released task has them in its arguments:
     a retry of it copies them.)"""
