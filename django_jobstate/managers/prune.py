@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import Any
 
 from django.db import connections, router, transaction
 
@@ -13,12 +12,7 @@ from ..querysets import never_released
 from ..states import TERMINAL_STATES
 from .base import Writes
 from .conflicts import retries_conflicts
-
-
-def _edges(db: str) -> Any:
-    from ..models import JobDependency
-
-    return JobDependency.objects.using(db)
+from .deps import _edges
 
 
 class Prune(Writes):
@@ -88,7 +82,9 @@ class Prune(Writes):
             # a task go with the task they lead to, once that is pruned).
             if dependents:
                 kept = self.using(db).filter(result_id__in=dependents).values("result_id")
-                _edges(db).filter(downstream__in=dependents).exclude(downstream__in=kept).delete()
+                _edges().using(db).filter(downstream__in=dependents).exclude(
+                    downstream__in=kept
+                ).delete()
             return deleted
 
     def _delete_tasks_sql(self, db: str, ids: list[int]) -> int:
@@ -97,7 +93,7 @@ class Prune(Writes):
         connection = connections[db]
         qn = connection.ops.quote_name
         table = qn(self.model._meta.db_table)
-        edges = qn(_edges(db).model._meta.db_table)
+        edges = qn(_edges().model._meta.db_table)
         marks = ", ".join(["%s"] * len(ids))
         terminal = sorted(TERMINAL_STATES)
         with connection.cursor() as cursor:
@@ -140,7 +136,7 @@ class Prune(Writes):
             by_task.setdefault(result_id, []).append((pk, state))
         # Read after the locks: whoever makes a task depend on these locks them first.
         waiting = never_released(self.using(db))
-        edges = _edges(db).filter(upstream__in=list(by_task), downstream__in=waiting)
+        edges = _edges().using(db).filter(upstream__in=list(by_task), downstream__in=waiting)
         waited_for = set(edges.values_list("upstream", flat=True))
         chosen, doomed = set(ids), []
         for result_id, rows in by_task.items():
