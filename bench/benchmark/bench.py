@@ -133,6 +133,8 @@ class Sizes:
     # at most: a bound below half of their no-op drain.
     load_workers: int = 2
     load_in_flight: int = 8
+    # The highest sustained rate, given (--rate): the search for it is skipped.
+    top_rate: float | None = None
 
 
 FULL = Sizes()
@@ -480,6 +482,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the continuous-load and pressure figures' workers: PROCESSESxIN_FLIGHT "
         "(default 2x8: async 1 ms jobs; 4x1: sync 1 ms jobs, one at a time per process)",
     )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="the continuous-load and pressure figures' highest sustained rate (jobs/s), "
+        "given: their runs at 50%% and 90%% of it without searching for it",
+    )
     parser.add_argument("--history-rows", type=int, help="default 1,000,000; quick 10,000")
     parser.add_argument(
         "--history-budget", type=float, help="seconds per history drain (default 120; quick 20)"
@@ -516,6 +524,7 @@ def main(argv: list[str] | None = None) -> int:
         ("ceiling_clients", args.workers and max(args.workers)),
         ("load_workers", args.load and args.load[0]),
         ("load_in_flight", args.load and args.load[1]),
+        ("top_rate", args.rate),
     ]:
         if value is not None:
             sizes = replace(sizes, **{field: value})

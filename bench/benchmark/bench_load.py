@@ -68,8 +68,10 @@ class LoadFigures:
 
     def top_rate(self, system: System) -> dict[str, Any]:
         """The no-op drain of the load's workers (as many jobs as the ceiling's), and the
-        highest rate of 1 ms jobs they sustain: its ratio to the drain."""
+        highest rate of 1 ms jobs they sustain: its ratio to the drain (--rate: given)."""
         s = self.sizes
+        if s.top_rate:
+            return {"drain": None, "steps": [], "max_rate": s.top_rate, "ratio": None}
         drain = self.drain_in(
             system, self.db.fresh(system), s.ceiling, s.load_workers, in_flight=s.load_in_flight
         )["rate"]
