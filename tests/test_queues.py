@@ -154,6 +154,7 @@ def test_payloads_name_the_queue_and_priority():
     assert parse_payload(queue_payload("with space", 2)) == ("with space", 2)
     assert parse_payload(queue_payload("resumed")) == ("resumed", 101)
     assert parse_payload("garbage") == ("", 101)
+    assert parse_payload(queue_payload("emails", 4, kept_place=True)) == ("emails", 4)
 
 
 def db_now():

@@ -59,6 +59,25 @@ def test_heard_says_whether_a_job_of_its_queues_came_since_the_last_look(pipe):
     assert waiter.heard(), "a payload of no known queue wakes every worker"
 
 
+def test_ahead_counts_what_woke_the_worker_and_what_heard_read(pipe):
+    """A worker that claims from a key learns where to look from the notifications that
+    woke it too: wait() and heard() (the --in-flight loop's) read them first."""
+    inbox, write = pipe
+    waiter = Waiter(threading.Event(), queues=["default"], inbox=inbox)
+    write(queue_payload("default", 9))
+    waiter.wait(30)
+    assert waiter.ahead(0), "the payload that woke wait() was not counted"
+    write(queue_payload("default", 9))
+    assert waiter.heard()
+    assert waiter.ahead(0), "the payload that heard() read was not counted"
+    assert not waiter.ahead(0), "read once"
+    write(queue_payload("default", 0, kept_place=True))
+    assert waiter.heard()
+    assert waiter.ahead(0, kept_places=True), "a job in the place it kept sorts before a key"
+    write(queue_payload("default", 0, kept_place=True))
+    assert not waiter.ahead(0), "a draining worker waits for its rescan, as before"
+
+
 def test_a_payload_split_across_reads_is_read_whole(pipe):
     inbox, write = pipe
     # Two writes that split one payload: the reader keeps the part until its end comes.

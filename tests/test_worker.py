@@ -350,6 +350,65 @@ def test_while_draining_a_backlog_a_worker_claims_from_its_last_batch(monkeypatc
     assert worker.claim() == [urgent], "not claimed from the head after RESCAN_AFTER"
 
 
+def test_under_continuous_load_a_worker_claims_from_its_last_job_less_a_margin(monkeypatch):
+    """A claim that took what there was leaves a key: the last job's, less LIVE_MARGIN of
+    run_after (jobs of transactions that committed late); what sorts before that waits for
+    the rescan. Under an old snapshot, a claim from the head walks every claimed row's
+    index entry (issue 28's vacuum pressure)."""
+    from django_jobstate.runner.claims import LIVE_MARGIN
+
+    monkeypatch.setattr("django_jobstate.runner.claims.RESCAN_AFTER", 3600)
+    worker = Worker(worker_id="w")
+    worker._average_duration = 0.001  # batches of 50: two jobs do not fill one
+    first = [JobFactory(args=[f"j{n}"]) for n in range(2)]
+    assert worker.claim() == first
+    last = Job.objects.get(pk=first[-1].pk).run_after
+    assert worker._from_key == (0, last - LIVE_MARGIN, 0)
+    within = JobFactory(args=["within"], run_after=last - LIVE_MARGIN / 2)
+    before = JobFactory(args=["before"], run_after=last - LIVE_MARGIN * 2)
+    urgent = JobFactory(args=["urgent"], priority=10)
+    assert worker.claim() == [within], "the margin did not find a job committed late"
+    assert worker.claim() == [], "it looked from the head, not from its key"
+    assert worker._from_key is not None, "a claim from its key that found nothing dropped it"
+    assert 0 < worker.look_again_in(time.monotonic()) <= worker.poll_interval
+    worker._rescan_at = time.monotonic() - 1  # its rescan is due
+    assert worker.look_again_in(time.monotonic()) == 0, "an idle worker would sleep past it"
+    assert worker.claim() == [urgent, before]
+    worker._rescan_at = time.monotonic() - 1
+    assert worker.claim() == []
+    assert worker._from_key is None, "found nothing from the head: from the head next"
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_a_step_released_before_a_live_key_is_claimed_at_once(monkeypatch):
+    """A step whose upstream finished keeps its place from its enqueue: before the key of
+    a worker under continuous load. The release's notification says so."""
+    from tests import workflow_tasks as wt
+
+    monkeypatch.setattr("django_jobstate.runner.claims.RESCAN_AFTER", 3600)
+    upstream = wt.step_value.enqueue(1)
+    waiting = wt.step_value.using(depends_on=[upstream.id]).enqueue(2)
+    old = timezone.now() - timedelta(seconds=10)  # enqueued long before: beyond the margin
+    Job.objects.filter(result_id=waiting.id).update(run_after=old, enqueued_at=old)
+    worker = Worker(worker_id="w")
+    worker._average_duration = 0.001
+    worker._waiter = Waiter(threading.Event(), queues=None)
+    worker._waiter.start()
+    try:
+        [claimed] = worker.claim()
+        time.sleep(0.01)
+        tasks.record.enqueue("later")  # claimed next: the key moves past the held step
+        assert [j.args for j in worker.claim()] == [["later"]]
+        worker._run_batch([claimed])  # the upstream succeeds: its dependent is released
+        worker.flusher.write()
+        time.sleep(0.2)
+        released = [str(j.result_id) for j in worker.claim()]
+        assert released == [str(waiting.id)], "it waited for the rescan"
+    finally:
+        worker._waiter.close()
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("in_flight", [1, 4])
 def test_a_busy_worker_does_not_connect_again_for_each_claim(monkeypatch, in_flight):

@@ -18,17 +18,29 @@ NOTIFY_QUEUE = f"pg_notify('{CHANNEL}', %s)"
 ANY_PRIORITY = 101
 
 
-def queue_payload(queue: str, priority: int = ANY_PRIORITY) -> str:
-    return f"{queue} {priority}"
+# The mark of a job made runnable that keeps its place in claim order from its enqueue (its
+# dependencies done, a slot of its concurrency limit free): it may sort before the key that
+# a worker under continuous load claims from (runner/claims.py), which then looks from the
+# head. "<queue> <priority>+" (a version without the mark reads "any queue, first").
+KEPT_PLACE = "+"
+
+
+def queue_payload(queue: str, priority: int = ANY_PRIORITY, kept_place: bool = False) -> str:
+    return f"{queue} {priority}{KEPT_PLACE if kept_place else ''}"
 
 
 def parse_payload(payload: str) -> tuple[str, int]:
     """The queue and priority of a notification (an unknown one: any queue, first)."""
     queue, _, priority = payload.rpartition(" ")
     try:
-        return queue, int(priority)
+        return queue, int(priority.removesuffix(KEPT_PLACE))
     except ValueError:
         return "", ANY_PRIORITY
+
+
+def kept_place(payload: str) -> bool:
+    """Whether the notification's job keeps its place from its enqueue (KEPT_PLACE)."""
+    return payload.endswith(KEPT_PLACE)
 
 
 def serves(queues: frozenset[str] | None, payload: str) -> bool:

@@ -201,8 +201,9 @@ class Dependencies(Writes):
         woken = {(w.queue_name, w.priority) for w in ready if _next_hold(w) != Hold.LIMIT}
         if woken and connection.vendor == "postgresql":
             with connection.cursor() as cursor:  # sent at the commit: wake a worker
-                for queue, priority in woken:
-                    cursor.execute(f"SELECT {NOTIFY_QUEUE}", [queue_payload(queue, priority)])
+                for queue, priority in woken:  # in the place it kept: maybe before a key
+                    payload = queue_payload(queue, priority, kept_place=True)
+                    cursor.execute(f"SELECT {NOTIFY_QUEUE}", [payload])
 
     def _given_results(self, db: str, job: Job) -> tuple[list[Any], dict[str, Any]]:
         """`job`'s arguments with the results of the tasks it depends on, as it receives

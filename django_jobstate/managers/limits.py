@@ -183,8 +183,9 @@ class Limits(Writes):
                     woken.add((queue, priority))
         if woken and connection.vendor == "postgresql":
             with connection.cursor() as cursor:  # sent at the commit: wake a worker
-                for queue, priority in woken:
-                    cursor.execute(f"SELECT {NOTIFY_QUEUE}", [queue_payload(queue, priority)])
+                for queue, priority in woken:  # in the place it kept: maybe before a key
+                    payload = queue_payload(queue, priority, kept_place=True)
+                    cursor.execute(f"SELECT {NOTIFY_QUEUE}", [payload])
         return released
 
     def release_held(self) -> int:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections
@@ -28,12 +29,21 @@ logger = logging.getLogger("django_jobstate.worker")
 # if the whole host died), and finished jobs not yet written fail as lost.
 BATCH_WINDOW = 0.05
 MAX_BATCH = 100
-# While draining a backlog, a worker claims from where its previous batch began, not from
-# the head of the queue, where the index entries of claimed rows pile up until VACUUM
-# (see JobManager.claim). It claims from the head again after RESCAN_AFTER seconds, and
-# whenever the claim from its key finds nothing: a job that claim order puts before that
-# key (a higher priority enqueued meanwhile, a run_after in the past) waits at most that.
+# A worker claims from a key in claim order, not from the head of the queue, where the
+# index entries of claimed rows pile up until VACUUM (see JobManager.claim), and longer
+# while an old snapshot holds VACUUM back: a claim from the head walks all of them.
+# - Draining a backlog (its claim filled the batch): from where its previous batch began.
+#   When that finds nothing, the backlog is done: it looks from the head once.
+# - Under continuous load (its claim took what there was): from the last job it claimed,
+#   less LIVE_MARGIN seconds of run_after. A job's run_after is its INSERT's time, and a
+#   transaction may commit after a later one: the margin finds the jobs of those.
+# It claims from the head again RESCAN_AFTER seconds after it last did (an idle worker
+# wakes for it), and at once when a notification (PostgreSQL) says that a job sorts
+# before its key: a higher priority, a queue it had not seen, a job made runnable in the
+# place it kept (its dependencies done, a slot free). A job before the key that nothing
+# announced (a run_after in the past, a handed-back job) waits at most RESCAN_AFTER.
 RESCAN_AFTER = 1.0
+LIVE_MARGIN = timedelta(seconds=1)
 
 
 def drop_broken_connections() -> None:
@@ -63,6 +73,7 @@ class Claims:
     _stopping: threading.Event
     _average_duration: float | None
     _from_key: ClaimKey | None
+    _draining: bool
     _rescan_at: float
     _waiter: Waiter | None
     _queue_names: list[str]
@@ -89,19 +100,24 @@ class Claims:
         connection = connections[self.db]
         if not connection.in_atomic_block:
             drop_broken_connections()
-        if time.monotonic() >= self._rescan_at:
-            self._from_key = None
-        elif self._from_key is not None and self._waiter is not None:
+        key = self._from_key
+        if self._waiter is not None:
             # A job enqueued since that sorts before the key (PostgreSQL only): look from
-            # the head now, not at the rescan.
+            # the head now, not at the rescan. (Read even without a key: heard, and seen.)
             known = None if self.queues is not None else self._queue_names
-            if self._waiter.ahead(-self._from_key[0], known):
-                self._from_key = None
+            rank = key[0] if key is not None else 0
+            if self._waiter.ahead(-rank, known, kept_places=not self._draining):
+                key = None
+        if time.monotonic() >= self._rescan_at:
+            key = None
         try:
             if self._claim_in_doubt:
                 self._release_unknown()
-            jobs = self._claim_from(self._from_key, limit)
-            if not jobs and self._from_key is not None:  # never idle without a look from the head
+            jobs = self._claim_from(key, limit)
+            # A backlog ended (or, in a --burst run, which exits when nothing is left):
+            # look from the head before waiting.
+            if not jobs and key is not None and (self._draining or self.burst):
+                key = None
                 jobs = self._claim_from(None, limit)
         except DatabaseError:
             # The connection may have dropped after the claim committed (the server
@@ -136,8 +152,24 @@ class Claims:
             if metrics.recorder is not None:
                 metrics.recorder.claimed(jobs)
         # A full batch means a backlog: claim the next one from where this one began.
-        self._from_key = claim_key(jobs[0]) if len(jobs) == limit else None
+        self._draining = len(jobs) == limit
+        if self._draining:
+            self._from_key = claim_key(jobs[0])
+        elif jobs:
+            rank, run_after, _ = claim_key(jobs[-1])
+            self._from_key = (rank, run_after - LIVE_MARGIN, 0)
+        elif key is None:
+            self._from_key = None  # looked from the head, found nothing: from there next
         return jobs
+
+    def look_again_in(self, last_look: float) -> float:
+        """Seconds an idle worker waits for a notification before it claims again: its poll
+        interval since `last_look`, and while it claims from a key, no later than its
+        rescan (a job before the key that nothing announced waits at most that)."""
+        at = last_look + self.poll_interval
+        if self._from_key is not None:
+            at = min(at, self._rescan_at)
+        return max(0.0, at - time.monotonic())
 
     def _claim_from(self, from_key: ClaimKey | None, limit: int) -> list[Job]:
         queues = self.queues

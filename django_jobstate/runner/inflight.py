@@ -217,7 +217,7 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                 if not claiming or (worker.burst and not look and worker.burst_done()):
                     break
                 if not look:
-                    waiter.wait(worker.poll_interval)
+                    waiter.wait(worker.look_again_in(last_look))
                     look = True
                 continue
             for index, outcome in pool.take(SLICE if pool.running else 0):
@@ -235,7 +235,7 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                 worker.record(done)
                 worker.ledger.free(places)
                 done, places = [], []
-            if not look and (waiter.heard() or time.monotonic() - last_look > worker.poll_interval):
+            if not look and (waiter.heard() or worker.look_again_in(last_look) == 0):
                 look = True
     finally:
         if done:

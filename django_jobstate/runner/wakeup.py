@@ -36,7 +36,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import get_settings
-from ..db.notify import CHANNEL, parse_payload, serves
+from ..db.notify import CHANNEL, kept_place, parse_payload, serves
 
 logger = logging.getLogger("django_jobstate.worker")
 
@@ -126,6 +126,10 @@ class Waiter:
         self._listener: Any = None
         self._pending: deque[str] = deque()  # received, not looked at yet
         self.payloads: list[str] = []  # of the notifications that woke wait()
+        # Of our payloads heard since ahead() last looked: the highest priority, the queues.
+        self._top_priority: int | None = None
+        self._queues_heard: set[str] = set()
+        self._kept_place_heard = False
 
     def _hears(self) -> bool:
         if self.inbox is not None:
@@ -147,6 +151,7 @@ class Waiter:
                     # Another queue's job is not this worker's to claim: sleep on.
                     if self._ours(payload):
                         self.payloads.append(payload)
+                        self._note(payload)
                         return
                 if self.inbox is not None and self.inbox.closed:  # the supervisor is gone
                     break
@@ -177,7 +182,8 @@ class Waiter:
                 self.close()
 
     def _drain(self) -> list[str]:
-        """The payloads received since the last look, without waiting."""
+        """Our payloads received since the last look, without waiting (ahead() reads them
+        again, whoever drained them first)."""
         payloads = list(self._pending)
         self._pending.clear()
         if self.inbox is not None:
@@ -187,26 +193,42 @@ class Waiter:
                 payloads += [notify.payload for notify in self._listener.notifies(timeout=0)]
             except Exception:  # the connection broke: wait() reconnects, or polls
                 self.close()
-        return payloads
+        ours = [payload for payload in payloads if self._ours(payload)]
+        for payload in ours:
+            self._note(payload)
+        return ours
 
-    def ahead(self, priority: int, queues: Iterable[str] | None = None) -> bool:
-        """Whether, since the last look, a job of this worker's queues was enqueued with a
-        priority above `priority`, or in a queue not in `queues` (when given). Does not
-        wait; reads the notifications that arrived, and drops the rest."""
-        known = None if queues is None else set(queues)
-        found = False
-        for payload in self._drain():
-            queue, job_priority = parse_payload(payload)
-            if self._ours(payload) and (
-                job_priority > priority or (known is not None and queue not in known)
-            ):
-                found = True
-        return found
+    def _note(self, payload: str) -> None:
+        queue, priority = parse_payload(payload)
+        self._queues_heard.add(queue)
+        self._kept_place_heard |= kept_place(payload)
+        if self._top_priority is None or priority > self._top_priority:
+            self._top_priority = priority
+
+    def ahead(
+        self, priority: int, queues: Iterable[str] | None = None, kept_places: bool = False
+    ) -> bool:
+        """Whether, since the last call, a job of this worker's queues was enqueued with a
+        priority above `priority`, or in a queue not in `queues` (when given), or, with
+        `kept_places`, made runnable in the place it kept (KEPT_PLACE). Does not wait;
+        counts the notifications that arrived, and those that wait() and heard() read
+        since the last call (they woke the worker, not yet said where to look)."""
+        self._drain()
+        top, heard, kept = self._top_priority, self._queues_heard, self._kept_place_heard
+        self._forget_heard()
+        return (
+            (top is not None and top > priority)
+            or (queues is not None and not heard <= set(queues))
+            or (kept_places and kept)
+        )
+
+    def _forget_heard(self) -> None:
+        self._top_priority, self._queues_heard, self._kept_place_heard = None, set(), False
 
     def heard(self) -> bool:
         """Whether, since the last look, a job of this worker's queues was enqueued (any
         priority). Does not wait; reads the notifications that arrived."""
-        return any(self._ours(payload) for payload in self._drain())
+        return bool(self._drain())
 
     def _listen(self) -> Any:
         if self._listener is None:
@@ -215,6 +237,7 @@ class Waiter:
 
     def close(self) -> None:
         self._pending.clear()
+        self._forget_heard()
         if self._listener is not None:
             try:
                 self._listener.close()

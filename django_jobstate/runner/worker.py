@@ -101,6 +101,7 @@ class Worker(Claims, AttemptRunner, OutcomeWriter):
         # keeps its own).
         self.flusher = Flusher(self.record, self.db, FLUSH_AFTER)
         self._from_key: ClaimKey | None = None
+        self._draining = False  # claims.py: its last claim filled its batch
         self._rescan_at = 0.0
         self._claim_in_doubt = False  # claims.py: a claim failed, rows may be ours unseen
         self.tracing: Any = None  # tracing.py, with JOBSTATE_TRACING
@@ -152,7 +153,7 @@ class Worker(Claims, AttemptRunner, OutcomeWriter):
                 elif self.burst and self.burst_done():
                     break
                 else:
-                    waiter.wait(self.poll_interval)
+                    waiter.wait(self.look_again_in(time.monotonic()))
         finally:
             self.flusher.close()
             waiter.close()
