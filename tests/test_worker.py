@@ -374,9 +374,12 @@ def test_under_continuous_load_a_worker_claims_from_its_last_job_less_a_margin(m
     worker._rescan_at = time.monotonic() - 1  # its rescan is due
     assert worker.look_again_in(time.monotonic()) == 0, "an idle worker would sleep past it"
     assert worker.claim() == [urgent, before]
+    key = worker._from_key
     worker._rescan_at = time.monotonic() - 1
     assert worker.claim() == []
-    assert worker._from_key is None, "found nothing from the head: from the head next"
+    assert worker._from_key == key, "nothing before it or after it: a key still"
+    assert worker.claim() == []
+    assert worker._rescan_at > time.monotonic() + 3000, "it looked from the head again"
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
@@ -405,6 +408,33 @@ def test_a_step_released_before_a_live_key_is_claimed_at_once(monkeypatch):
         time.sleep(0.2)
         released = [str(j.result_id) for j in worker.claim()]
         assert released == [str(waiting.id)], "it waited for the rescan"
+    finally:
+        worker._waiter.close()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_of_every_queue_claims_a_queue_it_hears_of_from_its_key(monkeypatch):
+    """Not from the head: at a low load the queues are empty whenever it looks from the
+    head, and under an old snapshot both the look for queues and the claim from the head
+    walk every claimed row's index entry."""
+    from django.test.utils import CaptureQueriesContext
+
+    monkeypatch.setattr("django_jobstate.runner.claims.RESCAN_AFTER", 3600)
+    worker = Worker(worker_id="w")
+    worker._average_duration = 0.001
+    worker._waiter = Waiter(threading.Event(), queues=None)
+    worker._waiter.start()
+    try:
+        tasks.record.enqueue("first")
+        assert [j.args for j in worker.claim()] == [["first"]]
+        assert worker._queue_names == ["default"]
+        tasks.record.using(queue_name="reports").enqueue("another queue's")
+        time.sleep(0.2)
+        with CaptureQueriesContext(connection) as queries:
+            assert [j.args for j in worker.claim()] == [["another queue's"]]
+        assert len(queries) == 1, "it looked for queues from the head"
+        assert ">= (" in queries[0]["sql"], "it claimed from the head"
     finally:
         worker._waiter.close()
 

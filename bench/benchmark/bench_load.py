@@ -63,7 +63,7 @@ class LoadFigures:
         out: dict[str, Any] = {"rate": top * 0.5, "start": start, "hold": hold}
         for kind in PRESSURES:
             run = self.load_run(system, top * 0.5, "single", Pressure, kind, start, hold)
-            out[kind] = {**run, **verdict(run, start, hold)}
+            out[kind] = {**run, **verdict(run, start, hold, s.duration)}
         return out
 
     def top_rate(self, system: System) -> dict[str, Any]:
@@ -215,17 +215,22 @@ class Producers:
         return {"fed": fed, "due": due, "kept_up": fed >= 0.9 * due, "producers": len(results)}
 
 
-def verdict(run: dict[str, Any], start: float, hold: float) -> dict[str, Any]:
+def verdict(run: dict[str, Any], start: float, hold: float, length: float) -> dict[str, Any]:
     """Whether the pickup latency stayed within 2x of before the pressure during it (p50 and
     p99 of the windows), and how long after it ended the intervals' p50 stayed back within
-    2x of before's for good (None: not within the run)."""
+    2x of before's for good (None: not within the run). The intervals of the run's `length`
+    only: the last jobs of producers that ran a little longer are a few, not a p50."""
     before, during = run["phases"]["before"], run["phases"]["during"]
     within = None
     if before["p50"] and during["p50"] is not None and during["p99"] is not None:
         within = during["p50"] <= 2 * before["p50"] and during["p99"] <= 2 * before["p99"]
     ended, recovered = start + hold, None
     if before["p50"]:
-        after = [row for row in run["timeline"] if row["t"] >= ended and row["p50"] is not None]
+        after = [
+            row
+            for row in run["timeline"]
+            if ended <= row["t"] < length and row["p50"] is not None
+        ]
         for i, row in enumerate(after):
             if all(later["p50"] <= 2 * before["p50"] for later in after[i:]):
                 recovered = max(0.0, row["t"] - ended)

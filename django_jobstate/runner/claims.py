@@ -101,12 +101,15 @@ class Claims:
         if not connection.in_atomic_block:
             drop_broken_connections()
         key = self._from_key
-        if self._waiter is not None:
-            # A job enqueued since that sorts before the key (PostgreSQL only): look from
-            # the head now, not at the rescan. (Read even without a key: heard, and seen.)
-            known = None if self.queues is not None else self._queue_names
-            rank = key[0] if key is not None else 0
-            if self._waiter.ahead(-rank, known, kept_places=not self._draining):
+        if self._waiter is not None:  # PostgreSQL: what the notifications said
+            heard = self._waiter.take_heard()
+            named = heard.queues - {""}  # "": of no known queue, sorts before every key
+            if self.queues is None and not named <= set(self._queue_names):
+                # Serving every queue: claim those it heard of too. The jobs announced are
+                # after the key; any older ones of those queues wait for the rescan.
+                self._queue_names = sorted(set(self._queue_names) | named)
+            # A job that sorts before the key: look from the head now, not at the rescan.
+            if key is not None and heard.ahead(-key[0], kept_places=not self._draining):
                 key = None
         if time.monotonic() >= self._rescan_at:
             key = None
@@ -151,15 +154,15 @@ class Claims:
             )
             if metrics.recorder is not None:
                 metrics.recorder.claimed(jobs)
-        # A full batch means a backlog: claim the next one from where this one began.
+        # A full batch means a backlog: claim the next one from where this one began. A
+        # claim that found nothing keeps the key: nothing was runnable after it (nor, from
+        # the head, before it), and what comes later sorts after it or is announced.
         self._draining = len(jobs) == limit
         if self._draining:
             self._from_key = claim_key(jobs[0])
         elif jobs:
             rank, run_after, _ = claim_key(jobs[-1])
             self._from_key = (rank, run_after - LIVE_MARGIN, 0)
-        elif key is None:
-            self._from_key = None  # looked from the head, found nothing: from there next
         return jobs
 
     def look_again_in(self, last_look: float) -> float:
@@ -175,13 +178,17 @@ class Claims:
         queues = self.queues
         if queues is None:
             # Serving every queue: claim from those that had jobs when it last looked from
-            # the head; a new queue's jobs wait at most as long as a key's (RESCAN_AFTER).
+            # the head, and those it heard of since; a new queue's jobs that nothing
+            # announced wait at most as long as a key's (RESCAN_AFTER).
             if from_key is None:
                 self._queue_names = Job.objects.queue_names()
             queues = self._queue_names
         jobs = Job.objects.claim(self.worker_id, queues=queues, limit=limit, from_key=from_key)
         if from_key is None:
-            self._rescan_at = time.monotonic() + RESCAN_AFTER
+            # Nothing at all was runnable: an idle worker sleeps its poll interval (a job
+            # before its key that nothing announces may wait that long, as without a key).
+            again = RESCAN_AFTER if jobs else max(RESCAN_AFTER, self.poll_interval)
+            self._rescan_at = time.monotonic() + again
         return jobs
 
     def _release_unknown(self) -> None:

@@ -30,6 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from typing import Any
 
@@ -102,6 +103,35 @@ def receive_from(reader: Connection) -> None:
     _inbox = Inbox(reader)
 
 
+@dataclass
+class Heard:
+    """What notifications said since a worker last looked: the highest priority among
+    their jobs, their queues, whether one was made runnable in the place it kept."""
+
+    top_priority: int | None = None
+    queues: set[str] = field(default_factory=set)
+    kept_place: bool = False
+
+    def note(self, payload: str) -> None:
+        queue, priority = parse_payload(payload)
+        self.queues.add(queue)
+        self.kept_place |= kept_place(payload)
+        if self.top_priority is None or priority > self.top_priority:
+            self.top_priority = priority
+
+    def ahead(
+        self, priority: int, queues: Iterable[str] | None = None, kept_places: bool = False
+    ) -> bool:
+        """Whether a job was heard of with a priority above `priority`, or in a queue not in
+        `queues` (when given), or, with `kept_places`, made runnable in the place it kept
+        (KEPT_PLACE): one that sorts before a claim key of that priority."""
+        return (
+            (self.top_priority is not None and self.top_priority > priority)
+            or (queues is not None and not self.queues <= set(queues))
+            or (kept_places and self.kept_place)
+        )
+
+
 class Waiter:
     """Sleep until a job may be runnable: a notification, the poll interval, or a stop.
 
@@ -126,10 +156,7 @@ class Waiter:
         self._listener: Any = None
         self._pending: deque[str] = deque()  # received, not looked at yet
         self.payloads: list[str] = []  # of the notifications that woke wait()
-        # Of our payloads heard since ahead() last looked: the highest priority, the queues.
-        self._top_priority: int | None = None
-        self._queues_heard: set[str] = set()
-        self._kept_place_heard = False
+        self._heard = Heard()  # what our payloads said since take_heard()
 
     def _hears(self) -> bool:
         if self.inbox is not None:
@@ -151,7 +178,7 @@ class Waiter:
                     # Another queue's job is not this worker's to claim: sleep on.
                     if self._ours(payload):
                         self.payloads.append(payload)
-                        self._note(payload)
+                        self._heard.note(payload)
                         return
                 if self.inbox is not None and self.inbox.closed:  # the supervisor is gone
                     break
@@ -195,35 +222,22 @@ class Waiter:
                 self.close()
         ours = [payload for payload in payloads if self._ours(payload)]
         for payload in ours:
-            self._note(payload)
+            self._heard.note(payload)
         return ours
 
-    def _note(self, payload: str) -> None:
-        queue, priority = parse_payload(payload)
-        self._queues_heard.add(queue)
-        self._kept_place_heard |= kept_place(payload)
-        if self._top_priority is None or priority > self._top_priority:
-            self._top_priority = priority
+    def take_heard(self) -> Heard:
+        """What the notifications of this worker's queues said since the last call: those
+        that arrived, and those that wait() and heard() read (they woke the worker, and
+        did not say where to look). Does not wait."""
+        self._drain()
+        heard, self._heard = self._heard, Heard()
+        return heard
 
     def ahead(
         self, priority: int, queues: Iterable[str] | None = None, kept_places: bool = False
     ) -> bool:
-        """Whether, since the last call, a job of this worker's queues was enqueued with a
-        priority above `priority`, or in a queue not in `queues` (when given), or, with
-        `kept_places`, made runnable in the place it kept (KEPT_PLACE). Does not wait;
-        counts the notifications that arrived, and those that wait() and heard() read
-        since the last call (they woke the worker, not yet said where to look)."""
-        self._drain()
-        top, heard, kept = self._top_priority, self._queues_heard, self._kept_place_heard
-        self._forget_heard()
-        return (
-            (top is not None and top > priority)
-            or (queues is not None and not heard <= set(queues))
-            or (kept_places and kept)
-        )
-
-    def _forget_heard(self) -> None:
-        self._top_priority, self._queues_heard, self._kept_place_heard = None, set(), False
+        """take_heard().ahead(...)."""
+        return self.take_heard().ahead(priority, queues, kept_places)
 
     def heard(self) -> bool:
         """Whether, since the last look, a job of this worker's queues was enqueued (any
@@ -237,7 +251,7 @@ class Waiter:
 
     def close(self) -> None:
         self._pending.clear()
-        self._forget_heard()
+        self._heard = Heard()
         if self._listener is not None:
             try:
                 self._listener.close()
