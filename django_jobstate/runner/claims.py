@@ -37,11 +37,13 @@ MAX_BATCH = 100
 # - Under continuous load (its claim took what there was): from the last job it claimed,
 #   less LIVE_MARGIN seconds of run_after. A job's run_after is its INSERT's time, and a
 #   transaction may commit after a later one: the margin finds the jobs of those.
-# It claims from the head again RESCAN_AFTER seconds after it last did (an idle worker
-# wakes for it), and at once when a notification (PostgreSQL) says that a job sorts
-# before its key: a higher priority, a queue it had not seen, a job made runnable in the
-# place it kept (its dependencies done, a slot free). A job before the key that nothing
-# announced (a run_after in the past, a handed-back job) waits at most RESCAN_AFTER.
+# A claim that finds nothing keeps the key. It claims from the head again RESCAN_AFTER
+# seconds after it last did (an idle worker wakes for it; after a look from the head
+# that found nothing, at its poll interval), and at once when a notification (PostgreSQL)
+# says that a job sorts before its key: a higher priority, or, under continuous load, a
+# job made runnable in the place it kept (its dependencies done, a slot free). A job
+# before the key that nothing announced (a run_after in the past, a handed-back job)
+# waits until then. A worker of every queue claims a queue it hears of from its key.
 RESCAN_AFTER = 1.0
 LIVE_MARGIN = timedelta(seconds=1)
 
