@@ -350,36 +350,94 @@ def test_while_draining_a_backlog_a_worker_claims_from_its_last_batch(monkeypatc
     assert worker.claim() == [urgent], "not claimed from the head after RESCAN_AFTER"
 
 
+def listening_worker(**options) -> Worker:
+    """A Worker as run() makes it, with a Waiter that hears notifications (close it)."""
+    worker = Worker(worker_id="w", **options)
+    worker._average_duration = 0.001  # batches of 50: a few jobs do not fill one
+    worker._waiter = Waiter(threading.Event(), queues=None)
+    worker._waiter.start()
+    return worker
+
+
+def claim_when_heard(worker: Worker, seconds: float = 10) -> list[Job]:
+    """The worker's first claim that takes something, once a notification arrived."""
+    deadline = time.monotonic() + seconds
+    while not (jobs := worker.claim()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return jobs
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
 def test_under_continuous_load_a_worker_claims_from_its_last_job_less_a_margin(monkeypatch):
     """A claim that took what there was leaves a key: the last job's, less LIVE_MARGIN of
-    run_after (jobs of transactions that committed late); what sorts before that waits for
-    the rescan. Under an old snapshot, a claim from the head walks every claimed row's
-    index entry (issue 28's vacuum pressure)."""
+    run_after (jobs of transactions that committed late); what sorts before that and was
+    not announced waits for the rescan. Under an old snapshot, a claim from the head walks
+    every claimed row's index entry (issue 28's vacuum pressure)."""
     from django_jobstate.runner.claims import LIVE_MARGIN
 
     monkeypatch.setattr("django_jobstate.runner.claims.RESCAN_AFTER", 3600)
+    worker = listening_worker()
+    try:
+        first = [JobFactory(args=[f"j{n}"]) for n in range(2)]
+        assert worker.claim() == first
+        last = Job.objects.get(pk=first[-1].pk).run_after
+        assert worker._from_key == (0, last - LIVE_MARGIN, 0)
+        within = JobFactory(args=["within"], run_after=last - LIVE_MARGIN / 2)
+        before = JobFactory(args=["before"], run_after=last - LIVE_MARGIN * 2)
+        assert worker.claim() == [within], "the margin did not find a job committed late"
+        assert worker.claim() == [], "it looked from the head, not from its key"
+        assert worker._from_key is not None, "a claim from its key that found nothing dropped it"
+        assert 0 < worker.look_again_in(time.monotonic()) <= worker.poll_interval
+        worker._rescan_at = time.monotonic() - 1  # its rescan is due
+        assert worker.look_again_in(time.monotonic()) == 0, "an idle worker would sleep past it"
+        assert worker.claim() == [before]
+        worker._rescan_at = time.monotonic() - 1
+        assert worker.claim() == []
+        assert worker._from_key is None, "nothing anywhere: an idle worker waits without a key"
+    finally:
+        worker._waiter.close()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_of_a_limited_queue_claims_its_backlog_from_the_head(monkeypatch):
+    """A limited queue's jobs wait for a free place in the place they kept, and nothing
+    announces the place freed: a key past them would leave them to the rescan."""
+    from django_jobstate.managers.queue_claim import forget_run_time_limits
+    from django_jobstate.models import JobQueue
+
+    monkeypatch.setattr("django_jobstate.runner.claims.RESCAN_AFTER", 3600)
+    JobQueue.objects.set_limits("default", concurrency=1, by="test")
+    forget_run_time_limits()
+    worker = listening_worker()
+    try:
+        backlog = [JobFactory(args=[f"old{n}"], run_after=in_the_past(60)) for n in range(2)]
+        other = JobFactory(args=["another queue's, new"], queue_name="reports")
+        assert worker.claim() == [backlog[0], other]
+        assert worker._from_key is None, "a key past the limited queue's backlog"
+        Job.objects.filter(pk=backlog[0].pk).update(
+            state=State.SUCCEEDED, finished_at=timezone.now()
+        )
+        assert worker.claim() == backlog[1:], "the place freed, and its job waited on"
+    finally:
+        worker._waiter.close()
+        forget_run_time_limits()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_that_hears_nothing_claims_from_the_head_after_a_claim_that_took_all():
+    """Without notifications (SQLite, MariaDB) nothing would announce a job of a higher
+    priority enqueued since: the next claim looks from the head, as it always did."""
     worker = Worker(worker_id="w")
-    worker._average_duration = 0.001  # batches of 50: two jobs do not fill one
-    first = [JobFactory(args=[f"j{n}"]) for n in range(2)]
-    assert worker.claim() == first
-    last = Job.objects.get(pk=first[-1].pk).run_after
-    assert worker._from_key == (0, last - LIVE_MARGIN, 0)
-    within = JobFactory(args=["within"], run_after=last - LIVE_MARGIN / 2)
-    before = JobFactory(args=["before"], run_after=last - LIVE_MARGIN * 2)
+    worker._average_duration = 0.001
+    worker._waiter = Waiter(threading.Event(), queues=None, inbox=None)
+    worker._waiter.hears = lambda: False  # as on SQLite and MariaDB
+    JobFactory(args=["j"])
+    assert len(worker.claim()) == 1
+    assert worker._from_key is None
     urgent = JobFactory(args=["urgent"], priority=10)
-    assert worker.claim() == [within], "the margin did not find a job committed late"
-    assert worker.claim() == [], "it looked from the head, not from its key"
-    assert worker._from_key is not None, "a claim from its key that found nothing dropped it"
-    assert 0 < worker.look_again_in(time.monotonic()) <= worker.poll_interval
-    worker._rescan_at = time.monotonic() - 1  # its rescan is due
-    assert worker.look_again_in(time.monotonic()) == 0, "an idle worker would sleep past it"
-    assert worker.claim() == [urgent, before]
-    key = worker._from_key
-    worker._rescan_at = time.monotonic() - 1
-    assert worker.claim() == []
-    assert worker._from_key == key, "nothing before it or after it: a key still"
-    assert worker.claim() == []
-    assert worker._rescan_at > time.monotonic() + 3000, "it looked from the head again"
+    assert worker.claim() == [urgent]
 
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
@@ -394,19 +452,13 @@ def test_a_step_released_before_a_live_key_is_claimed_at_once(monkeypatch):
     waiting = wt.step_value.using(depends_on=[upstream.id]).enqueue(2)
     old = timezone.now() - timedelta(seconds=10)  # enqueued long before: beyond the margin
     Job.objects.filter(result_id=waiting.id).update(run_after=old, enqueued_at=old)
-    worker = Worker(worker_id="w")
-    worker._average_duration = 0.001
-    worker._waiter = Waiter(threading.Event(), queues=None)
-    worker._waiter.start()
+    worker = listening_worker()
     try:
         [claimed] = worker.claim()
-        time.sleep(0.01)
-        tasks.record.enqueue("later")  # claimed next: the key moves past the held step
-        assert [j.args for j in worker.claim()] == [["later"]]
+        assert worker._from_key > (0, old, 0), "the held step does not sort before the key"
         worker._run_batch([claimed])  # the upstream succeeds: its dependent is released
         worker.flusher.write()
-        time.sleep(0.2)
-        released = [str(j.result_id) for j in worker.claim()]
+        released = [str(j.result_id) for j in claim_when_heard(worker)]
         assert released == [str(waiting.id)], "it waited for the rescan"
     finally:
         worker._waiter.close()
@@ -421,20 +473,19 @@ def test_a_worker_of_every_queue_claims_a_queue_it_hears_of_from_its_key(monkeyp
     from django.test.utils import CaptureQueriesContext
 
     monkeypatch.setattr("django_jobstate.runner.claims.RESCAN_AFTER", 3600)
-    worker = Worker(worker_id="w")
-    worker._average_duration = 0.001
-    worker._waiter = Waiter(threading.Event(), queues=None)
-    worker._waiter.start()
+    worker = listening_worker()
     try:
         tasks.record.enqueue("first")
         assert [j.args for j in worker.claim()] == [["first"]]
         assert worker._queue_names == ["default"]
         tasks.record.using(queue_name="reports").enqueue("another queue's")
-        time.sleep(0.2)
         with CaptureQueriesContext(connection) as queries:
-            assert [j.args for j in worker.claim()] == [["another queue's"]]
-        assert len(queries) == 1, "it looked for queues from the head"
-        assert ">= (" in queries[0]["sql"], "it claimed from the head"
+            assert [j.args for j in claim_when_heard(worker)] == [["another queue's"]]
+        sql = [q["sql"] for q in queries]
+        assert not any("WITH RECURSIVE" in q for q in sql), "it looked for queues from the head"
+        claims = [q for q in sql if "WITH picked" in q]
+        assert claims
+        assert all(">= (" in q for q in claims), "it claimed from the head"
     finally:
         worker._waiter.close()
 

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, connections
 
 from ..managers import ClaimKey, claim_key
+from ..managers.queue_claim import limited_queues
 from ..models import Job
 from ..telemetry import metrics
 from .wakeup import Waiter
@@ -37,13 +38,15 @@ MAX_BATCH = 100
 # - Under continuous load (its claim took what there was): from the last job it claimed,
 #   less LIVE_MARGIN seconds of run_after. A job's run_after is its INSERT's time, and a
 #   transaction may commit after a later one: the margin finds the jobs of those.
-# A claim that finds nothing keeps the key. It claims from the head again RESCAN_AFTER
-# seconds after it last did (an idle worker wakes for it; after a look from the head
-# that found nothing, at its poll interval), and at once when a notification (PostgreSQL)
-# says that a job sorts before its key: a higher priority, or, under continuous load, a
-# job made runnable in the place it kept (its dependencies done, a slot free). A job
-# before the key that nothing announced (a run_after in the past, a handed-back job)
-# waits until then. A worker of every queue claims a queue it hears of from its key.
+#   Only where notifications announce what sorts before it (PostgreSQL), and not while a
+#   queue it serves has limits; elsewhere the next claim looks from the head, as before.
+#   A claim from that key that finds nothing keeps it; one from the head drops it.
+# It claims from the head again RESCAN_AFTER seconds after it last did (an idle worker
+# with a key wakes for it), and at once when a notification says that a job sorts before
+# its key: a higher priority, or, under continuous load, a job made runnable in the place
+# it kept (its dependencies done, a slot free). A job before the key that nothing
+# announced (a run_after in the past, a handed-back job) waits until then. A worker of
+# every queue claims a queue it hears of from its key.
 RESCAN_AFTER = 1.0
 LIVE_MARGIN = timedelta(seconds=1)
 
@@ -157,15 +160,28 @@ class Claims:
             if metrics.recorder is not None:
                 metrics.recorder.claimed(jobs)
         # A full batch means a backlog: claim the next one from where this one began. A
-        # claim that found nothing keeps the key: nothing was runnable after it (nor, from
-        # the head, before it), and what comes later sorts after it or is announced.
+        # claim from a live key that found nothing keeps it: what comes later sorts after
+        # it or is announced (a worker that lost a job to another does not walk the head).
         self._draining = len(jobs) == limit
         if self._draining:
             self._from_key = claim_key(jobs[0])
-        elif jobs:
+        elif jobs and self._live_keys():
             rank, run_after, _ = claim_key(jobs[-1])
             self._from_key = (rank, run_after - LIVE_MARGIN, 0)
+        elif jobs or key is None:
+            self._from_key = None
         return jobs
+
+    def _live_keys(self) -> bool:
+        """Whether a key may outlive a claim that took what there was: only where
+        notifications announce the jobs that sort before it (PostgreSQL; elsewhere the
+        next claim looks from the head, as a job of a higher priority would wait for the
+        rescan), and not while a queue it serves has limits (its jobs wait for a slot or a
+        token in the place they kept, and nothing announces those)."""
+        if self._waiter is None or not self._waiter.hears():
+            return False
+        queues = self.queues if self.queues is not None else self._queue_names
+        return not limited_queues(self.db, list(queues))
 
     def look_again_in(self, last_look: float) -> float:
         """Seconds an idle worker waits for a notification before it claims again: its poll
@@ -187,10 +203,7 @@ class Claims:
             queues = self._queue_names
         jobs = Job.objects.claim(self.worker_id, queues=queues, limit=limit, from_key=from_key)
         if from_key is None:
-            # Nothing at all was runnable: an idle worker sleeps its poll interval (a job
-            # before its key that nothing announces may wait that long, as without a key).
-            again = RESCAN_AFTER if jobs else max(RESCAN_AFTER, self.poll_interval)
-            self._rescan_at = time.monotonic() + again
+            self._rescan_at = time.monotonic() + RESCAN_AFTER
         return jobs
 
     def _release_unknown(self) -> None:

@@ -158,13 +158,14 @@ class Waiter:
         self.payloads: list[str] = []  # of the notifications that woke wait()
         self._heard = Heard()  # what our payloads said since take_heard()
 
-    def _hears(self) -> bool:
+    def hears(self) -> bool:
+        """Whether notifications reach it (PostgreSQL, or a live relay), or it only polls."""
         if self.inbox is not None:
             return not self.inbox.closed
         return connections[self.using].vendor == "postgresql"
 
     def wait(self, timeout: float) -> None:
-        if not self._hears():
+        if not self.hears():
             self.stopping.wait(timeout)
             return
         deadline = time.monotonic() + timeout
