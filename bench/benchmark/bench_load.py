@@ -227,9 +227,7 @@ def verdict(run: dict[str, Any], start: float, hold: float, length: float) -> di
     ended, recovered = start + hold, None
     if before["p50"]:
         after = [
-            row
-            for row in run["timeline"]
-            if ended <= row["t"] < length and row["p50"] is not None
+            row for row in run["timeline"] if ended <= row["t"] < length and row["p50"] is not None
         ]
         for i, row in enumerate(after):
             if all(later["p50"] <= 2 * before["p50"] for later in after[i:]):
