@@ -205,3 +205,43 @@ def test_a_row_locked_by_a_cut_off_worker_does_not_stop_the_judge(runjobs):
     assert max(ages) < LOST_AFTER / 2, runjobs.output(judge)
     assert (other.state, other.failure_reason) == (State.FAILED, FailureReason.LOST)
     wait_for(lambda: Job.objects.get(pk=locked.pk).state == State.FAILED)  # once unlocked
+
+
+# Found by the torture run: a worker killed in a limited body, and the next job of its key
+# locked FOR UPDATE by another connection. Its supervisor's settle waited on that lock, and
+# the supervisor beat from the same thread: its healthy workers fell silent, and their
+# attempts were failed as lost and run again.
+@pytest.mark.skipif(SQLITE, reason="row locks: SQLite has one write lock, no row locks")
+def test_a_settle_that_waits_on_a_row_lock_does_not_silence_the_supervisor(runjobs):
+    judge = a_judge(runjobs)
+    supervisor = runjobs.start("--queue", "default", "--concurrency", "2")
+    dying = tasks.sleeps_on_first_attempt.enqueue("d", 60)
+    victim = running(dying)
+    healthy = tasks.sleeps_on_first_attempt.enqueue("h", LOST_AFTER * 3)
+    bystander = running(healthy)
+    assert victim.worker_id != bystander.worker_id
+    holder = connection.get_new_connection(connection.get_connection_params())
+    try:
+        with holder.cursor() as cursor:  # the row its supervisor must fail as lost
+            cursor.execute(
+                f"SELECT 1 FROM {Job._meta.db_table} WHERE id = %s FOR UPDATE", [victim.pk]
+            )
+        os.kill(WorkerHeartbeat.objects.get(worker_id=victim.worker_id).pid, signal.SIGKILL)
+        time.sleep(LOST_AFTER * 1.5)  # its settle waits on the lock all along
+        beats = WorkerHeartbeat.objects.annotate(age=Now() - F("last_seen"))
+        ages = {row.worker_id: row.age.total_seconds() for row in beats}
+    finally:
+        holder.rollback()
+        holder.close()
+
+    # Forgotten as lost by the judge, the row would be gone.
+    assert ages.get(bystander.worker_id, LOST_AFTER) < LOST_AFTER / 2, runjobs.output(supervisor)
+    wait_for(lambda: tasks.sleeps_on_first_attempt.get_result(healthy.id).is_finished)
+    [only] = attempts(healthy)  # never taken for lost, so never run twice
+    assert (only.state, only.return_value) == (State.SUCCEEDED, 1)
+    # By its supervisor (killed by SIGKILL) or by the judge (silent), once unlocked.
+    lost = wait_for(lambda: Job.objects.filter(pk=victim.pk, state=State.FAILED).first())
+    assert lost.failure_reason == FailureReason.LOST
+    assert not WorkerHeartbeat.objects.filter(worker_id=victim.worker_id).exists()
+    for proc in (judge, supervisor):
+        runjobs.stop(proc)

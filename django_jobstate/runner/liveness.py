@@ -5,6 +5,12 @@ own: it runs no task code, so a task that holds the interpreter (and its lock) f
 cannot silence it. A worker running in-process (`Worker.run()`) heartbeats from its
 watchdog thread.
 
+The beats come from a thread of their own (Heart), and so from a connection of its own:
+the rescues and the other writes of whoever beats may wait on a row that another
+transaction holds (an application's SELECT ... FOR UPDATE, a connection cut off
+mid-write), for as long as that transaction lasts. A beat behind them would wait too,
+and healthy workers would be taken for lost.
+
 Any process that heartbeats also rescues: it fails as lost the attempts of workers silent
 for JOBSTATE_LOST_AFTER. But after a database outage, or a pause of the rescuer itself,
 every worker was silent, not only the dead ones: a rescuer that judged at once would fail
@@ -17,7 +23,9 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 import time
+from collections.abc import Callable
 
 from django.db import DatabaseError
 
@@ -96,3 +104,70 @@ class Pulse:
             close_connection()
             return 0
         return rescued
+
+
+class Heart(threading.Thread):
+    """Beats for the workers `workers()` names, every JOBSTATE_HEARTBEAT_INTERVAL (or at
+    once, beat_soon()), and removes the rows of workers that ended (forget()).
+
+    It alone writes its workers' rows: a forget() is made after every beat that began
+    before it, so no beat of an ended worker writes its row again once it is gone.
+    """
+
+    def __init__(
+        self,
+        pulse: Pulse,
+        workers: Callable[[], dict[str, int]],
+        queues: list[str] | None,
+        process: Process,
+    ) -> None:
+        super().__init__(name=f"jobstate-heart {pulse.name}", daemon=True)
+        self.pulse = pulse
+        self.workers = workers
+        self.queues = queues
+        self.process = process
+        self._forget: list[str] = []
+        self._soon = False
+        self._wake = threading.Event()
+        self._done = threading.Event()
+
+    def beat_soon(self) -> None:
+        self._soon = True
+        self._wake.set()
+
+    def forget(self, worker_id: str) -> None:
+        """Remove the row of `worker_id`, which has ended (and been settled)."""
+        self._forget.append(worker_id)
+        self._wake.set()
+
+    def run(self) -> None:
+        interval = self.pulse.settings.HEARTBEAT_INTERVAL
+        next_beat = time.monotonic()
+        try:
+            while not self._done.is_set():
+                self._forget_ended()
+                if self._soon or time.monotonic() >= next_beat:
+                    self._soon = False
+                    next_beat = time.monotonic() + interval
+                    self.pulse.beat(self.workers(), self.queues, self.process)
+                self._wake.wait(max(0.0, next_beat - time.monotonic()))
+                self._wake.clear()
+            self._forget_ended()
+        finally:
+            close_connection()
+
+    def _forget_ended(self) -> None:
+        while self._forget:
+            try:
+                WorkerHeartbeat.objects.forget(self._forget[0])
+            except DatabaseError:
+                close_connection()
+                return  # at the next beat; or, at the end, forgotten as lost later
+            self._forget.pop(0)
+
+    def finish(self) -> None:
+        """Stop, once the rows of the workers that ended are removed (if the database
+        takes it within a beat)."""
+        self._done.set()
+        self._wake.set()
+        self.join(self.pulse.settings.HEARTBEAT_INTERVAL)

@@ -1,11 +1,12 @@
 """The supervisor's database work, in a thread of its own (supervisor.py).
 
 The supervisor's main loop must never wait for the database: it kills workers at their
-deadlines whatever the database does. So its monitor thread makes every database write of
-the supervisor: heartbeats for its workers, the rescue of lost workers elsewhere
-(liveness.py), cancel requests passed to its workers' ledgers (cancels.py), and the writes
-the main loop hands over (settling a worker that ended, handing back held attempts), each
-retried until the database takes it, if its error can pass (connection_lost()). An error
+deadlines whatever the database does. So its monitor thread makes the database work of
+the supervisor: the rescue of lost workers elsewhere (liveness.py), cancel requests passed
+to its workers' ledgers (cancels.py), and the writes the main loop hands over (settling a
+worker that ended, handing back held attempts), each retried until the database takes it,
+if its error can pass (connection_lost()). Those may wait on a row lock; the heartbeats for
+its workers must not, so they come from a thread of the monitor's own (liveness.Heart). An error
 that cannot (a constraint, a trigger) would stop every write behind it for good: the write
 is logged with its cause and dropped (an attempt the database refuses to fail as lost
 fails with that refusal instead: Settle.fail_refused()).
@@ -36,39 +37,52 @@ def release(worker_id: str, pks: list[int]) -> None:
     Job.objects.release(worker_id, pks)
 
 
-def settle(
-    worker_id: str,
-    started: set[int],
-    reason: FailureReason,
-    error: BaseException,
-    timed_out: int | None,
-) -> None:
-    from ..models import Job, WorkerHeartbeat
-
-    Job.objects.settle_ended(
-        worker_id, started=started, reason=reason, error=error, timed_out=timed_out
-    )
-    WorkerHeartbeat.objects.forget(worker_id)
-
-
 class Monitor(threading.Thread):
-    """The supervisor's database work: heartbeats for its workers, rescue of lost workers
-    elsewhere, and the writes the main loop hands over (settling a worker that ended,
-    handing back held attempts), each retried until the database takes it."""
+    """The supervisor's database work: rescue of lost workers elsewhere, and the writes the
+    main loop hands over (settling a worker that ended, handing back held attempts), each
+    retried until the database takes it; and the heart that beats for its workers."""
 
     def __init__(self, supervisor: Supervisor) -> None:
+        from ..heartbeats import Process
+        from .liveness import Heart, Pulse
+
         super().__init__(name="jobstate-monitor", daemon=True)
         self.supervisor = supervisor
+        self.pulse = Pulse(f"Supervisor {supervisor.base_id}")
+        process = Process(
+            supervisor=supervisor.base_id[:64],
+            supervisor_pid=os.getpid(),
+            concurrency=supervisor.concurrency,
+            in_flight=supervisor.options.get("in_flight", 1),
+        )
+        self.heart = Heart(
+            self.pulse, lambda: supervisor.workers, supervisor.options.get("queues"), process
+        )
         self._pending: list[Callable[[], None]] = []
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._done = threading.Event()
-        self._beat_now = False
         self._cancels_now = False
 
     def beat_soon(self) -> None:
-        self._beat_now = True
-        self._wake.set()
+        self.heart.beat_soon()
+
+    def settle(
+        self,
+        worker_id: str,
+        started: set[int],
+        reason: FailureReason,
+        error: BaseException,
+        timed_out: int | None,
+    ) -> None:
+        """A write for submit(): fail the attempts of a worker process that ended, then
+        forget its row."""
+        from ..models import Job
+
+        Job.objects.settle_ended(
+            worker_id, started=started, reason=reason, error=error, timed_out=timed_out
+        )
+        self.heart.forget(worker_id)
 
     def check_cancels_soon(self) -> None:
         self._cancels_now = True
@@ -86,36 +100,25 @@ class Monitor(threading.Thread):
             return not self._pending
 
     def run(self) -> None:
-        from ..heartbeats import Process
         from ..managers import close_connection
         from .cancels import pass_cancel_requests
-        from .liveness import Pulse
 
-        pulse = Pulse(f"Supervisor {self.supervisor.base_id}")
-        process = Process(
-            supervisor=self.supervisor.base_id[:64],
-            supervisor_pid=os.getpid(),
-            concurrency=self.supervisor.concurrency,
-            in_flight=self.supervisor.options.get("in_flight", 1),
-        )
-        interval = pulse.settings.HEARTBEAT_INTERVAL
-        next_beat = time.monotonic()
+        self.heart.start()
+        interval = self.pulse.settings.HEARTBEAT_INTERVAL
+        next_rescue = time.monotonic()
         try:
             while True:
                 self._write_pending(close_connection)
                 if self._done.is_set() and not self._pending:
                     return
-                beat = time.monotonic() >= next_beat or self._beat_now
-                if beat:
-                    self._beat_now = False
-                    next_beat = time.monotonic() + interval
-                    workers = self.supervisor.workers
-                    pulse.beat(workers, self.supervisor.options.get("queues"), process)
-                    pulse.rescue(list(workers))
-                if beat or self._cancels_now:
+                rescue = time.monotonic() >= next_rescue
+                if rescue:
+                    next_rescue = time.monotonic() + interval
+                    self.pulse.rescue(list(self.supervisor.workers))
+                if rescue or self._cancels_now:
                     self._cancels_now = False
-                    pass_cancel_requests(self.supervisor.ledgers, pulse.name)
-                self._wake.wait(max(0.0, next_beat - time.monotonic()))
+                    pass_cancel_requests(self.supervisor.ledgers, self.pulse.name)
+                self._wake.wait(max(0.0, next_rescue - time.monotonic()))
                 self._wake.clear()
         finally:
             close_connection()
@@ -154,6 +157,7 @@ class Monitor(threading.Thread):
         self._done.set()
         self._wake.set()
         self.join(get_settings().LOST_AFTER)
+        self.heart.finish()
         if self.is_alive():
             logger.error(
                 "The database did not take the outcomes of ended workers; their attempts "

@@ -3,10 +3,11 @@
 Each worker is a child process (spawned, so it shares nothing with the supervisor but the
 settings and its ledger). The supervisor runs no task code, so it can always act for its
 workers, whatever their tasks do to their own interpreters:
-- a monitor thread (monitor.py) heartbeats for them and rescues the attempts of lost
-  workers elsewhere (liveness.py), makes every other database write of the supervisor,
-  and passes cancel requests for their attempts to the ledgers (at each beat; on
-  PostgreSQL at once, woken by the relay);
+- a monitor thread (monitor.py) rescues the attempts of lost workers elsewhere
+  (liveness.py), makes every other database write of the supervisor, and passes cancel
+  requests for their attempts to the ledgers (every beat interval; on PostgreSQL at
+  once, woken by the relay); a heart thread of its own beats for the workers, so that
+  no write waiting on a lock holds up a beat (liveness.Heart);
 - on PostgreSQL, a relay thread holds the one LISTEN connection of all the workers and
   passes each wake-up on to them through a pipe per worker (relay.py), and wakes the
   scheduler thread when a schedule is made or changed in the admin;
@@ -37,7 +38,7 @@ from ..telemetry import metrics
 from .child import EXIT_RECYCLE, EXIT_UNAVAILABLE, run_child
 from .forking import parents, start_server, worker_context
 from .ledger import STARTED, Ledger, ledger_size
-from .monitor import Monitor, release, settle
+from .monitor import Monitor, release
 
 if TYPE_CHECKING:
     from ..schedules.thread import SchedulerThread
@@ -282,7 +283,9 @@ class Supervisor:
             metrics.recorder.worker_exits_total.labels(exit_kind.get(code, "died")).inc()
         started = {pk for pk, mark in child.ledger.marks().items() if mark == STARTED}
         self.monitor.submit(
-            functools.partial(settle, child.worker_id, started, reason, error, child.timed_out)
+            functools.partial(
+                self.monitor.settle, child.worker_id, started, reason, error, child.timed_out
+            )
         )
 
     def _should_replace(self, child: Child) -> bool:

@@ -2,10 +2,12 @@
 
 Under `runjobs` the supervisor does this job from its own process (supervisor.py), which
 a task that holds the interpreter cannot silence; a worker run in-process (tests, an
-embedding program) has only a thread. It heartbeats, rescues the attempts of lost
-workers (liveness.py), passes cancel requests to the worker's ledger at each beat
+embedding program) has only threads. The watchdog rescues the attempts of lost workers
+(liveness.py), passes cancel requests to the worker's ledger every beat interval
 (cancels.py), and fails the attempt in hand once it is past its timeout (or its cancel
-grace). A thread cannot stop the task: it runs on, and its late outcome is refused.
+grace); its heart thread beats (liveness.Heart), so that none of those writes, waiting
+on a row lock, holds up a beat. A thread cannot stop the task: it runs on, and its late
+outcome is refused.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ..heartbeats import Process
 from ..managers import close_connection, connection_lost
 from ..models import Job, WorkerHeartbeat
 from .cancels import pass_cancel_requests
-from .liveness import Pulse
+from .liveness import Heart, Pulse
 
 if TYPE_CHECKING:
     from .worker import Worker
@@ -38,31 +40,36 @@ class Watchdog(threading.Thread):
         self.worker = worker
         # A worker run inside a caller's transaction (a Django TestCase's, say) registers in
         # it: its heartbeat row is that transaction's, seen by no one else until it
-        # commits. This thread's own connection would wait on that row until then, and the
-        # worker waits for this thread at its end: it beats only from the worker's thread.
+        # commits. The heart's own connection would wait on that row until then, and the
+        # worker waits for its threads at its end: it beats only from the worker's thread
+        # (the heart is not started).
         self.in_callers_transaction = connections[worker.db].in_atomic_block
         self.pulse = Pulse(f"Worker {worker.worker_id}")
+        process = Process(in_flight=worker.in_flight)
+        self.heart = Heart(
+            self.pulse, lambda: {worker.worker_id: os.getpid()}, worker.queues, process
+        )
         self._done = threading.Event()
         self._overdue: list[int] = []  # attempts past their deadline, not yet failed
 
     def run(self) -> None:
         interval = self.pulse.settings.HEARTBEAT_INTERVAL
-        next_beat = time.monotonic() + interval  # Worker.run() made the first beat
+        next_rescue = time.monotonic() + interval
+        if not self.in_callers_transaction:
+            self.heart.start()
         try:
             while not self._done.is_set():
                 now = time.monotonic()
                 if (pk := self.worker.ledger.overdue(now)) is not None:
                     self._overdue.append(pk)
                 self._time_out()
-                if now >= next_beat:
-                    next_beat = now + interval
-                    if not self.in_callers_transaction:
-                        self.beat()
+                if now >= next_rescue:
+                    next_rescue = now + interval
                     self.pulse.rescue([self.worker.worker_id])
                     ledgers = {self.worker.worker_id: self.worker.ledger}
                     pass_cancel_requests(ledgers, self.pulse.name)
                 # Twice a second while an overdue write waits for the database.
-                wake = min(next_beat, self.worker.ledger.next_deadline())
+                wake = min(next_rescue, self.worker.ledger.next_deadline())
                 if self._overdue:
                     wake = min(wake, now + 0.5)
                 self._done.wait(max(0.01, wake - time.monotonic()))
@@ -70,8 +77,8 @@ class Watchdog(threading.Thread):
             close_connection()
 
     def beat(self) -> None:
-        process = Process(in_flight=self.worker.in_flight)
-        self.pulse.beat({self.worker.worker_id: os.getpid()}, self.worker.queues, process)
+        """Register the worker, from the worker's thread (before start())."""
+        self.pulse.beat(self.heart.workers(), self.heart.queues, self.heart.process)
 
     def _time_out(self) -> None:
         for pk in list(self._overdue):
@@ -104,6 +111,8 @@ class Watchdog(threading.Thread):
     def finish(self) -> None:
         self._done.set()
         self.join()
+        if self.heart.is_alive():
+            self.heart.finish()
         try:
             WorkerHeartbeat.objects.forget(self.worker.worker_id)
         except DatabaseError:
