@@ -5,6 +5,7 @@ import multiprocessing
 import os
 import threading
 import time
+from datetime import UTC, datetime
 
 import pytest
 from django.db import connection
@@ -71,11 +72,24 @@ def test_ahead_counts_what_woke_the_worker_and_what_heard_read(pipe):
     assert waiter.heard()
     assert waiter.ahead(0), "the payload that heard() read was not counted"
     assert not waiter.ahead(0), "read once"
-    write(queue_payload("default", 0, kept_place=True))
-    assert waiter.heard()
-    assert waiter.ahead(0, kept_places=True), "a job in the place it kept sorts before a key"
-    write(queue_payload("default", 0, kept_place=True))
-    assert not waiter.ahead(0), "a draining worker waits for its rescan, as before"
+
+
+def test_ahead_compares_the_announced_run_after_with_the_key(pipe):
+    inbox, write = pipe
+    waiter = Waiter(threading.Event(), queues=["default"], inbox=inbox)
+    key = datetime(2026, 12, 3, 14, 0, 5, tzinfo=UTC).timestamp()
+    write(queue_payload("default", 0, datetime(2026, 12, 3, 14, 0, 6, tzinfo=UTC)))
+    assert not waiter.ahead(0, key), "a later job sorts after the key"
+    write(queue_payload("default", 0, datetime(2026, 12, 3, 14, 0, 4, 999_999, tzinfo=UTC)))
+    assert waiter.ahead(0, key), "a job with an older run_after sorts before the key"
+    write(queue_payload("default", 0, datetime(2026, 12, 3, 14, 0, 5, 700_000, tzinfo=UTC)))
+    assert waiter.ahead(0, key + 0.5), "rounded down to its second: it may sort before"
+    write(queue_payload("default", -1, datetime(2020, 1, 1, tzinfo=UTC)))
+    assert not waiter.ahead(0, key), "a lower priority sorts after the key, however old"
+    write(queue_payload("default", 0))
+    assert waiter.ahead(0, key), "a job whose run_after is not said sorts first"
+    write(queue_payload("default", 0, datetime(2020, 1, 1, tzinfo=UTC)))
+    assert not waiter.ahead(0), "a draining worker's key: a higher priority only"
 
 
 def test_a_payload_split_across_reads_is_read_whole(pipe):

@@ -394,7 +394,11 @@ def test_under_continuous_load_a_worker_claims_from_its_last_job_less_a_margin(m
         assert worker.claim() == [before]
         worker._rescan_at = time.monotonic() - 1
         assert worker.claim() == []
-        assert worker._from_key is None, "nothing anywhere: an idle worker waits without a key"
+        # Kept: every job enqueued since is announced with its run_after.
+        assert worker._from_key is not None, "a look from the head that found nothing dropped it"
+        old = last - LIVE_MARGIN * 3  # a run_after given in the past: before the key
+        tasks.record.using(run_after=old).enqueue("announced")
+        assert [j.args for j in claim_when_heard(worker)] == [["announced"]], "left to the rescan"
     finally:
         worker._waiter.close()
 

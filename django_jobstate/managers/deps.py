@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 from django.db import connections, transaction
 from django.db.models import F
 
+from ..db import notify
 from ..db.clock import Now
-from ..db.notify import NOTIFY_QUEUE, queue_payload
 from ..exceptions import UnknownDependency, UpstreamCancelled, UpstreamFailed, describe_error
 from ..limits.concurrency import Hold
 from ..states import FailureReason, State, check_transition
@@ -197,13 +197,8 @@ class Dependencies(Writes):
         keys = {w.concurrency_key for w in ready if w.concurrency_key is not None}
         if keys:
             self._release_slots(db, keys)  # limits.py: wakes whoever got a slot
-        connection = connections[db]
-        woken = {(w.queue_name, w.priority) for w in ready if _next_hold(w) != Hold.LIMIT}
-        if woken and connection.vendor == "postgresql":
-            with connection.cursor() as cursor:  # sent at the commit: wake a worker
-                for queue, priority in woken:  # in the place it kept: maybe before a key
-                    payload = queue_payload(queue, priority, kept_place=True)
-                    cursor.execute(f"SELECT {NOTIFY_QUEUE}", [payload])
+        woken = [w for w in ready if _next_hold(w) != Hold.LIMIT]
+        notify.send(connections[db], [(w.queue_name, w.priority, w.run_after) for w in woken])
 
     def _given_results(self, db: str, job: Job) -> tuple[list[Any], dict[str, Any]]:
         """`job`'s arguments with the results of the tasks it depends on, as it receives

@@ -24,12 +24,14 @@ from django.db import IntegrityError, connections, router, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import QuerySet
 
-from ..db.notify import NOTIFY_QUEUE, queue_payload
+from ..db import notify
 from ..limits.concurrency import HELD, HOLDS_SLOT, Hold
 from ..states import State
 from .base import Writes
 
 if TYPE_CHECKING:
+    from datetime import datetime
+
     from ..models import Job
     from .unique import Row
 
@@ -141,7 +143,7 @@ class Limits(Writes):
         rows got one. Must run in a transaction (the keys' locks last until it ends)."""
         connection = connections[db]
         released = 0
-        woken: set[tuple[str, int]] = set()
+        woken: list[tuple[str, int, datetime]] = []
         # In key order, so that two callers with several keys never wait in a cycle.
         for key in sorted(set(keys)):
             lock_key(connection, key)
@@ -157,8 +159,8 @@ class Limits(Writes):
             free = [slot for slot in range(1, head + 1) if slot not in used]
             if not free:
                 continue
-            rows = held.values_list("pk", "queue_name", "priority", "rate_limit")[: len(free)]
-            for pk, queue, priority, rate in rows:
+            rows = held.values_list("pk", "queue_name", "priority", "run_after", "rate_limit")
+            for pk, queue, priority, run_after, rate in rows[: len(free)]:
                 # Conditional: a held row cancelled meanwhile keeps its place out of this.
                 try:
                     given = (
@@ -180,12 +182,8 @@ class Limits(Writes):
                 if given == 1:
                     free.pop(0)
                     released += 1
-                    woken.add((queue, priority))
-        if woken and connection.vendor == "postgresql":
-            with connection.cursor() as cursor:  # sent at the commit: wake a worker
-                for queue, priority in woken:  # in the place it kept: maybe before a key
-                    payload = queue_payload(queue, priority, kept_place=True)
-                    cursor.execute(f"SELECT {NOTIFY_QUEUE}", [payload])
+                    woken.append((queue, priority, run_after))
+        notify.send(connection, woken)
         return released
 
     def release_held(self) -> int:

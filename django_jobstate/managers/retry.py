@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, cast
 from django.db import IntegrityError, connections, models, router, transaction
 from django.db.models.expressions import RawSQL
 
-from ..db.notify import NOTIFY_QUEUE, queue_payload
+from ..db import notify
 from ..exceptions import JobAlreadyEnqueued, LostRace
 from ..limits.concurrency import Hold
 from ..states import State
@@ -128,10 +128,10 @@ class Retry(Dependencies):
                 due_now = next_attempt.run_after <= next_attempt.enqueued_at
                 # Else the release of its slot or dependencies wakes a worker.
                 due_now = due_now and next_attempt.hold in (None, Hold.RATE)
-                if connection.vendor == "postgresql" and due_now:
-                    with connection.cursor() as cursor:  # due at once: wake a worker
-                        payload = queue_payload(job.queue_name, job.priority)
-                        cursor.execute(f"SELECT {NOTIFY_QUEUE}", [payload])
+                if due_now:  # due at once: wake a worker
+                    notify.send(
+                        connection, [(job.queue_name, job.priority, next_attempt.run_after)]
+                    )
                 if revive and has_dependents:
                     self._revive(db, job.result_id)
                 return next_attempt

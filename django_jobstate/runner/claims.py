@@ -4,6 +4,7 @@ of Worker, worker.py; the claim itself is JobManager.claim, managers/claim.py)."
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from datetime import timedelta
@@ -40,12 +41,12 @@ MAX_BATCH = 100
 #   transaction may commit after a later one: the margin finds the jobs of those.
 #   Only where notifications announce what sorts before it (PostgreSQL), and not while a
 #   queue it serves has limits; elsewhere the next claim looks from the head, as before.
-#   A claim from that key that finds nothing keeps it; one from the head drops it.
+#   A claim that finds nothing keeps the key, from the head as well.
 # It claims from the head again RESCAN_AFTER seconds after it last did (an idle worker
 # with a key wakes for it), and at once when a notification says that a job sorts before
-# its key: a higher priority, or, under continuous load, a job made runnable in the place
-# it kept (its dependencies done, a slot free). A job before the key that nothing
-# announced (a run_after in the past, a handed-back job) waits until then. A worker of
+# its key (each names its job's priority and run_after: a higher priority, a run_after
+# given in the past, a transaction that committed late, a job made runnable in the place
+# it kept). A job before the key that nothing announced waits until then. A worker of
 # every queue claims a queue it hears of from its key.
 RESCAN_AFTER = 1.0
 LIVE_MARGIN = timedelta(seconds=1)
@@ -114,8 +115,12 @@ class Claims:
                 # after the key; any older ones of those queues wait for the rescan.
                 self._queue_names = sorted(set(self._queue_names) | named)
             # A job that sorts before the key: look from the head now, not at the rescan.
-            if key is not None and heard.ahead(-key[0], kept_places=not self._draining):
-                key = None
+            # Draining, a key's run_after is a job's, to which its batch's backlog came: a
+            # job of its priority announced meanwhile waits for the backlog's end.
+            if key is not None:
+                at = -math.inf if self._draining else key[1].timestamp()
+                if heard.ahead(-key[0], at):
+                    key = None
         if time.monotonic() >= self._rescan_at:
             key = None
         try:
@@ -160,15 +165,19 @@ class Claims:
             if metrics.recorder is not None:
                 metrics.recorder.claimed(jobs)
         # A full batch means a backlog: claim the next one from where this one began. A
-        # claim from a live key that found nothing keeps it: what comes later sorts after
-        # it or is announced (a worker that lost a job to another does not walk the head).
+        # claim that found nothing keeps a live key: what comes later sorts after it or
+        # is announced (a worker that lost a job to another does not walk the head).
         self._draining = len(jobs) == limit
         if self._draining:
             self._from_key = claim_key(jobs[0])
-        elif jobs and self._live_keys():
+        elif jobs:
             rank, run_after, _ = claim_key(jobs[-1])
-            self._from_key = (rank, run_after - LIVE_MARGIN, 0)
-        elif jobs or key is None:
+            live = self._live_keys()
+            self._from_key = (rank, run_after - LIVE_MARGIN, 0) if live else None
+        elif self._from_key is not None and (
+            self._from_key[2] != 0  # the backlog ended: its head look found nothing either
+            or (key is None and not self._live_keys())  # its queues are limited now
+        ):
             self._from_key = None
         return jobs
 

@@ -24,6 +24,7 @@ jobs' alias goes through PgBouncer in transaction mode).
 from __future__ import annotations
 
 import logging
+import math
 import os
 import select
 import threading
@@ -37,7 +38,7 @@ from typing import Any
 from django.db import connections
 
 from ..conf import get_settings
-from ..db.notify import CHANNEL, kept_place, parse_payload, serves
+from ..db.notify import CHANNEL, parse_payload, serves
 
 logger = logging.getLogger("django_jobstate.worker")
 
@@ -105,30 +106,27 @@ def receive_from(reader: Connection) -> None:
 
 @dataclass
 class Heard:
-    """What notifications said since a worker last looked: the highest priority among
-    their jobs, their queues, whether one was made runnable in the place it kept."""
+    """What notifications said since a worker last looked: the first in claim order of
+    the jobs they announced, (-priority, seconds of run_after), and their queues."""
 
-    top_priority: int | None = None
+    first: tuple[int, float] | None = None
     queues: set[str] = field(default_factory=set)
-    kept_place: bool = False
 
     def note(self, payload: str) -> None:
-        queue, priority = parse_payload(payload)
+        queue, priority, at = parse_payload(payload)
         self.queues.add(queue)
-        self.kept_place |= kept_place(payload)
-        if self.top_priority is None or priority > self.top_priority:
-            self.top_priority = priority
+        if self.first is None or (-priority, at) < self.first:
+            self.first = (-priority, at)
 
     def ahead(
-        self, priority: int, queues: Iterable[str] | None = None, kept_places: bool = False
+        self, priority: int, at: float = -math.inf, queues: Iterable[str] | None = None
     ) -> bool:
-        """Whether a job was heard of with a priority above `priority`, or in a queue not in
-        `queues` (when given), or, with `kept_places`, made runnable in the place it kept
-        (KEPT_PLACE): one that sorts before a claim key of that priority."""
-        return (
-            (self.top_priority is not None and self.top_priority > priority)
-            or (queues is not None and not self.queues <= set(queues))
-            or (kept_places and self.kept_place)
+        """Whether a job was heard of that sorts before a claim key of `priority` and a
+        run_after of `at` seconds (-inf: a higher priority only), or of a queue not in
+        `queues` (when given). A job whose run_after was not said sorts first in its
+        priority."""
+        return (self.first is not None and self.first < (-priority, at)) or (
+            queues is not None and not self.queues <= set(queues)
         )
 
 
@@ -235,10 +233,10 @@ class Waiter:
         return heard
 
     def ahead(
-        self, priority: int, queues: Iterable[str] | None = None, kept_places: bool = False
+        self, priority: int, at: float = -math.inf, queues: Iterable[str] | None = None
     ) -> bool:
         """take_heard().ahead(...)."""
-        return self.take_heard().ahead(priority, queues, kept_places)
+        return self.take_heard().ahead(priority, at, queues)
 
     def heard(self) -> bool:
         """Whether, since the last look, a job of this worker's queues was enqueued (any
