@@ -245,3 +245,26 @@ def test_a_settle_that_waits_on_a_row_lock_does_not_silence_the_supervisor(runjo
     assert not WorkerHeartbeat.objects.filter(worker_id=victim.worker_id).exists()
     for proc in (judge, supervisor):
         runjobs.stop(proc)
+
+
+# Found by the torture run once the beats had a thread of their own: a worker stopped at
+# its deadline while the job table was locked. Its supervisor's settle waited for the
+# lock, no beat came for the ended worker, and a judge elsewhere (beating on) took its
+# attempt for lost. Its supervisor vouches for it until it has settled it.
+@pytest.mark.skipif(SQLITE, reason="SQLite: its write lock holds every beat too")
+def test_a_worker_stopped_at_its_deadline_during_a_job_table_lock_fails_as_timed_out(runjobs):
+    from tests.test_inflight_faults import KILLED, job_table_locked
+
+    judge, supervisor = beside_a_judge(runjobs)
+    result = tasks.sync_sleeps_past_its_timeout.enqueue("t")
+    attempt = running(result)
+    wait_for(lambda: Execution.objects.exists())  # its body began: the deadline is a second away
+    with job_table_locked():
+        wait_for(lambda: KILLED in runjobs.output(supervisor))
+        time.sleep(LOST_AFTER * 2)  # its settle waits on the lock; the judge beats on
+
+    failed = wait_for(lambda: Job.objects.filter(pk=attempt.pk, state=State.FAILED).first())
+    assert failed.failure_reason == FailureReason.TIMEOUT, runjobs.output(judge)
+    assert WorkerHeartbeat.objects.filter(worker_id=attempt.worker_id).count() == 0
+    for proc in (judge, supervisor):
+        runjobs.stop(proc)

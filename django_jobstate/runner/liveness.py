@@ -108,10 +108,14 @@ class Pulse:
 
 class Heart(threading.Thread):
     """Beats for the workers `workers()` names, every JOBSTATE_HEARTBEAT_INTERVAL (or at
-    once, beat_soon()), and removes the rows of workers that ended (forget()).
+    once, beat_soon()), and for those that ended until their attempts are settled
+    (vouch(), then forget(), which removes the row).
 
-    It alone writes its workers' rows: a forget() is made after every beat that began
-    before it, so no beat of an ended worker writes its row again once it is gone.
+    An ended worker's attempts are its supervisor's to fail (as lost, timed out or
+    handed back), and that write may wait (a lock on the job table): a rescuer elsewhere
+    must not take them for lost meanwhile. It alone writes its workers' rows: a forget()
+    is made after every beat that began before it, so no beat writes a row again once it
+    is gone.
     """
 
     def __init__(
@@ -127,6 +131,8 @@ class Heart(threading.Thread):
         self.queues = queues
         self.process = process
         self._forget: list[str] = []
+        self._vouched: dict[str, int] = {}  # ended workers not settled yet: {id: pid}
+        self._lock = threading.Lock()
         self._soon = False
         self._wake = threading.Event()
         self._done = threading.Event()
@@ -135,8 +141,13 @@ class Heart(threading.Thread):
         self._soon = True
         self._wake.set()
 
+    def vouch(self, worker_id: str, pid: int) -> None:
+        """Beat on for `worker_id`, which ended, until forget()."""
+        with self._lock:
+            self._vouched[worker_id] = pid
+
     def forget(self, worker_id: str) -> None:
-        """Remove the row of `worker_id`, which has ended (and been settled)."""
+        """Beat no more for `worker_id`, which ended (and was settled), and remove its row."""
         self._forget.append(worker_id)
         self._wake.set()
 
@@ -149,7 +160,9 @@ class Heart(threading.Thread):
                 if self._soon or time.monotonic() >= next_beat:
                     self._soon = False
                     next_beat = time.monotonic() + interval
-                    self.pulse.beat(self.workers(), self.queues, self.process)
+                    with self._lock:
+                        workers = {**self._vouched, **self.workers()}
+                    self.pulse.beat(workers, self.queues, self.process)
                 self._wake.wait(max(0.0, next_beat - time.monotonic()))
                 self._wake.clear()
             self._forget_ended()
@@ -158,6 +171,8 @@ class Heart(threading.Thread):
 
     def _forget_ended(self) -> None:
         while self._forget:
+            with self._lock:
+                self._vouched.pop(self._forget[0], None)
             try:
                 WorkerHeartbeat.objects.forget(self._forget[0])
             except DatabaseError:

@@ -75,13 +75,20 @@ class Monitor(threading.Thread):
         error: BaseException,
         timed_out: int | None,
     ) -> None:
-        """A write for submit(): fail the attempts of a worker process that ended, then
-        forget its row."""
+        """A write for submit() (the heart vouches for the worker until then): fail the
+        attempts of a worker process that ended, then forget its row. Refused for good,
+        its attempts are left to the rescue of lost workers."""
+        from ..managers import connection_lost
         from ..models import Job
 
-        Job.objects.settle_ended(
-            worker_id, started=started, reason=reason, error=error, timed_out=timed_out
-        )
+        try:
+            Job.objects.settle_ended(
+                worker_id, started=started, reason=reason, error=error, timed_out=timed_out
+            )
+        except DatabaseError as exc:
+            if not connection_lost(exc):
+                self.heart.forget(worker_id)
+            raise
         self.heart.forget(worker_id)
 
     def check_cancels_soon(self) -> None:

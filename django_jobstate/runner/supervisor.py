@@ -179,7 +179,8 @@ class Supervisor:
                 child.process.join()
                 del self._children[slot]
                 self.relay.remove(child.worker_id)
-                self._publish()  # before settling it: no beat for it after its row is gone
+                self.monitor.heart.vouch(child.worker_id, child.process.pid or 0)  # until settled
+                self._publish()
                 self._ended(child)
                 if self._should_replace(child):
                     quick = time.monotonic() - child.started < RESPAWN_DELAY
