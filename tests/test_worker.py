@@ -405,6 +405,24 @@ def test_under_continuous_load_a_worker_claims_from_its_last_job_less_a_margin(m
 
 @pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
 @pytest.mark.django_db(transaction=True)
+def test_an_idle_worker_with_a_key_looks_again_at_its_poll_interval():
+    """A look from the head that found nothing keeps the key, and nothing is left before
+    it that a notification would not announce: no rescan a second while idle."""
+    worker = listening_worker(poll_interval=30)
+    try:
+        JobFactory(args=["j"])
+        assert len(worker.claim()) == 1
+        assert worker._from_key is not None
+        worker._rescan_at = time.monotonic() - 1  # its rescan is due
+        assert worker.claim() == []
+        assert worker._from_key is not None
+        assert worker.look_again_in(time.monotonic()) > 25, "it would look from the head again"
+    finally:
+        worker._waiter.close()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="NOTIFY is PostgreSQL's")
+@pytest.mark.django_db(transaction=True)
 def test_a_worker_of_a_limited_queue_claims_its_backlog_from_the_head(monkeypatch):
     """A limited queue's jobs wait for a free place in the place they kept, and nothing
     announces the place freed: a key past them would leave them to the rescan."""

@@ -179,6 +179,10 @@ class Claims:
             or (key is None and not self._live_keys())  # its queues are limited now
         ):
             self._from_key = None
+        elif key is None and self._from_key is not None:
+            # Nothing anywhere: what comes next is announced, or waits for the poll
+            # interval, as it would without a key (no rescan a second for an idle worker).
+            self._rescan_at = time.monotonic() + max(RESCAN_AFTER, self.poll_interval)
         return jobs
 
     def _live_keys(self) -> bool:

@@ -2,8 +2,8 @@
 
 Under `runjobs` the supervisor heartbeats for its worker processes, from a thread of its
 own: it runs no task code, so a task that holds the interpreter (and its lock) for minutes
-cannot silence it. A worker running in-process (`Worker.run()`) heartbeats from its
-watchdog thread.
+cannot silence it. A worker running in-process (`Worker.run()`) heartbeats from a
+thread beside it.
 
 The beats come from a thread of their own (Heart), and so from a connection of its own:
 the rescues and the other writes of whoever beats may wait on a row that another
@@ -124,10 +124,12 @@ class Heart(threading.Thread):
         workers: Callable[[], dict[str, int]],
         queues: list[str] | None,
         process: Process,
+        vouching: Callable[[], bool] = lambda: True,
     ) -> None:
         super().__init__(name=f"jobstate-heart {pulse.name}", daemon=True)
         self.pulse = pulse
         self.workers = workers
+        self.vouching = vouching  # whether whoever settles ended workers still runs
         self.queues = queues
         self.process = process
         self._forget: list[str] = []
@@ -161,7 +163,8 @@ class Heart(threading.Thread):
                     self._soon = False
                     next_beat = time.monotonic() + interval
                     with self._lock:
-                        workers = {**self._vouched, **self.workers()}
+                        vouched = self._vouched if self.vouching() else {}
+                        workers = {**vouched, **self.workers()}
                     self.pulse.beat(workers, self.queues, self.process)
                 self._wake.wait(max(0.0, next_beat - time.monotonic()))
                 self._wake.clear()

@@ -56,7 +56,11 @@ class Monitor(threading.Thread):
             in_flight=supervisor.options.get("in_flight", 1),
         )
         self.heart = Heart(
-            self.pulse, lambda: supervisor.workers, supervisor.options.get("queues"), process
+            self.pulse,
+            lambda: supervisor.workers,
+            supervisor.options.get("queues"),
+            process,
+            vouching=self.is_alive,  # a monitor gone (a bug) settles nothing more
         )
         self._pending: list[Callable[[], None]] = []
         self._lock = threading.Lock()
@@ -81,15 +85,17 @@ class Monitor(threading.Thread):
         from ..managers import connection_lost
         from ..models import Job
 
+        again = False  # the write is made again once the database is back
         try:
             Job.objects.settle_ended(
                 worker_id, started=started, reason=reason, error=error, timed_out=timed_out
             )
         except DatabaseError as exc:
-            if not connection_lost(exc):
-                self.heart.forget(worker_id)
+            again = connection_lost(exc)
             raise
-        self.heart.forget(worker_id)
+        finally:
+            if not again:
+                self.heart.forget(worker_id)
 
     def check_cancels_soon(self) -> None:
         self._cancels_now = True

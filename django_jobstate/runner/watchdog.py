@@ -111,8 +111,10 @@ class Watchdog(threading.Thread):
     def finish(self) -> None:
         self._done.set()
         self.join()
-        if self.heart.is_alive():
+        if self.heart.is_alive():  # it alone writes the row: after any beat it began
+            self.heart.forget(self.worker.worker_id)
             self.heart.finish()
+            return
         try:
             WorkerHeartbeat.objects.forget(self.worker.worker_id)
         except DatabaseError:
