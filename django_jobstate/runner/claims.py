@@ -43,11 +43,12 @@ MAX_BATCH = 100
 #   queue it serves has limits; elsewhere the next claim looks from the head, as before.
 #   A claim that finds nothing keeps the key, from the head as well.
 # It claims from the head again RESCAN_AFTER seconds after it last did (an idle worker
-# with a key wakes for it), and at once when a notification says that a job sorts before
-# its key (each names its job's priority and run_after: a higher priority, a run_after
-# given in the past, a transaction that committed late, a job made runnable in the place
-# it kept). A job before the key that nothing announced waits until then. A worker of
-# every queue claims a queue it hears of from its key.
+# with a key wakes for it; after a look that found nothing, at its poll interval), and at
+# once when a notification says that a job sorts before its key (each names its job's
+# priority and run_after: a higher priority, a run_after given in the past, a transaction
+# that committed late, a job made runnable in the place it kept). A job before the key
+# that nothing announced waits until then. A worker of every queue claims a queue it
+# hears of from its key.
 RESCAN_AFTER = 1.0
 LIVE_MARGIN = timedelta(seconds=1)
 
