@@ -8,12 +8,12 @@ import signal
 import pytest
 from django.db import transaction
 
-from django_jobstate.models import Job, WorkerHeartbeat
+from django_jobstate.models import Job
 from django_jobstate.runner.worker import Worker
 from django_jobstate.states import FailureReason, State
 from tests import tasks
 from tests.models import Execution
-from tests.test_recovery import wait_for
+from tests.test_recovery import wait_for, worker_pid
 
 QUICK = 8
 
@@ -51,7 +51,7 @@ def test_quick_successes_are_written_while_a_slow_attempt_runs_and_never_run_twi
     assert running.state == State.RUNNING, runjobs.output(proc)
 
     # Its worker process dies: the slow attempt fails as lost; the quick ones ran once.
-    os.kill(WorkerHeartbeat.objects.get(worker_id=running.worker_id).pid, signal.SIGKILL)
+    os.kill(worker_pid(running.worker_id), signal.SIGKILL)
     wait_for(lambda: Job.objects.get(pk=running.pk).state == State.FAILED)
     release.touch()  # its retry, if its task has one, returns
     live = Job.objects.filter(state__in=[State.QUEUED, State.RUNNING])

@@ -24,7 +24,7 @@ from tests import tasks
 from tests.dbfaults import server_ctl
 from tests.factories import JobFactory
 from tests.models import Execution
-from tests.test_recovery import attempts, executions, wait_for
+from tests.test_recovery import attempts, executions, wait_for, worker_pid
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -119,7 +119,7 @@ def test_a_task_holding_the_interpreter_is_stopped_at_its_timeout(runjobs):
 def test_a_paused_worker_process_of_a_live_supervisor_is_not_taken_for_lost(runjobs):
     judge, supervisor = beside_a_judge(runjobs)
     result = tasks.sleeps_on_first_attempt.enqueue("s", 1)
-    child = WorkerHeartbeat.objects.get(worker_id=running(result).worker_id).pid
+    child = worker_pid(running(result).worker_id)
 
     os.kill(child, signal.SIGSTOP)  # a slow attempt, as far as anyone can tell
     time.sleep(LOST_AFTER * 2)
@@ -143,7 +143,7 @@ def test_two_runjobs_given_the_same_worker_id_never_share_a_worker_name(runjobs)
     assert {victim.worker_id[:4], bystander.worker_id[:4]} == {"web:"}
 
     # One host's worker dies: its supervisor fails its attempts, and only its own.
-    os.kill(WorkerHeartbeat.objects.get(worker_id=victim.worker_id).pid, signal.SIGKILL)
+    os.kill(worker_pid(victim.worker_id), signal.SIGKILL)
 
     wait_for(lambda: tasks.sleeps_on_first_attempt.get_result(second.id).is_finished)
     [only] = attempts(second)
@@ -226,7 +226,7 @@ def test_a_settle_that_waits_on_a_row_lock_does_not_silence_the_supervisor(runjo
             cursor.execute(
                 f"SELECT 1 FROM {Job._meta.db_table} WHERE id = %s FOR UPDATE", [victim.pk]
             )
-        os.kill(WorkerHeartbeat.objects.get(worker_id=victim.worker_id).pid, signal.SIGKILL)
+        os.kill(worker_pid(victim.worker_id), signal.SIGKILL)
         time.sleep(LOST_AFTER * 1.5)  # its settle waits on the lock all along
         beats = WorkerHeartbeat.objects.annotate(age=Now() - F("last_seen"))
         ages = {row.worker_id: row.age.total_seconds() for row in beats}

@@ -33,13 +33,21 @@ def attempts(result):
     return list(Job.objects.attempts_of(result.id))
 
 
+def worker_pid(worker_id: str) -> int:
+    """The pid of `worker_id`'s process, once its supervisor's heart registered it (a worker
+    claims as soon as it starts, without waiting for that beat)."""
+    rows = WorkerHeartbeat.objects.filter(worker_id=worker_id).values_list("pid", flat=True)
+    return wait_for(rows.first, what=f"the heartbeat row of {worker_id}")
+
+
 def test_sigkilled_runjobs_attempt_is_rescued_as_lost_and_retried_once(runjobs):
     result = tasks.sleeps_on_first_attempt.enqueue("k", 60)
     first = runjobs.start()
     wait_for(lambda: Execution.objects.filter(label="k:1").exists())
 
-    os.killpg(first.pid, signal.SIGKILL)  # the supervisor and its worker, mid-attempt
     worker_id = Job.objects.get(result_id=result.id).worker_id
+    worker_pid(worker_id)  # registered
+    os.killpg(first.pid, signal.SIGKILL)  # the supervisor and its worker, mid-attempt
     last_heard = WorkerHeartbeat.objects.get(worker_id=worker_id).last_seen  # no beat after
     runjobs.start()
 
@@ -87,7 +95,7 @@ def test_killed_worker_process_is_failed_at_once_by_its_supervisor(runjobs):
     supervisor = runjobs.start()
     wait_for(lambda: Execution.objects.filter(label="c:1").exists())
     job = Job.objects.get(result_id=result.id)
-    child_pid = WorkerHeartbeat.objects.get(worker_id=job.worker_id).pid
+    child_pid = worker_pid(job.worker_id)
 
     os.kill(child_pid, signal.SIGKILL)
     wait_for(lambda: tasks.sleeps_on_first_attempt.get_result(result.id).is_finished)

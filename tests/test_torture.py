@@ -44,6 +44,7 @@ from tests import netns, tasks
 from tests.conftest import ROOT, run_interruptible
 from tests.factories import JobFactory
 from tests.models import Execution
+from tests.test_recovery import worker_pid
 
 pytestmark = pytest.mark.slow
 
@@ -338,7 +339,7 @@ def test_a_worker_stopped_across_its_attempts_deadline_is_killed_at_the_deadline
     result = tasks.sleeps_on_first_attempt_with_a_timeout.enqueue("stopped", 2)
     wait_for(lambda: Execution.objects.filter(label="stopped:1").exists())
     first = Job.objects.get(result_id=result.id, attempt=1)
-    child = WorkerHeartbeat.objects.get(worker_id=first.worker_id).pid
+    child = worker_pid(first.worker_id)
     os.kill(child, signal.SIGSTOP)  # before its 1 s timeout; the body would return at 2 s
     try:
         wait_for(lambda: Job.objects.get(pk=first.pk).state != State.RUNNING, timeout=30)

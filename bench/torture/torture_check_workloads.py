@@ -315,9 +315,20 @@ def _batches(
                     # attempt that could not be cancelled): a kill too, when it was failed.
                     at.append(a["finished_at"])
                 killed = min((t for t in at if t >= returned - CLOCK_SLACK), default=None)
-                if killed is not None and (
-                    (killed - returned).total_seconds() <= FLUSH_BOUND
-                    or _stalled(faults, work, jobs, wid, returned, killed)
+                # A host cut off, or a supervisor SIGSTOPped whole, past the window between
+                # the body's return and the rescue: silenced as by a kill (seen: a body
+                # returned 30 ms before its supervisor was stopped whole for 5 s).
+                span = sorted([returned, a["finished_at"]])
+                silenced = any(
+                    wid.startswith(c.prefix) and _overlaps(*span, c.at, c.ended)
+                    for c in [*faults.cuts, *faults.freezes]
+                )
+                if silenced or (
+                    killed is not None
+                    and (
+                        (killed - returned).total_seconds() <= FLUSH_BOUND
+                        or _stalled(faults, work, jobs, wid, returned, killed)
+                    )
                 ):
                     lost_in_bound += 1
                 else:
@@ -341,7 +352,9 @@ def _batches(
             True,
         ),
         "batch_lost_in_bound": Figure(
-            "  lost to a kill within that bound (not counted)", lost_in_bound
+            "  lost to a kill, a cut or a supervisor stopped whole, within that bound (not "
+            "counted)",
+            lost_in_bound,
         ),
         "batch_write": Figure("body returned -> success written, mixed batches", _seconds(delays)),
     }

@@ -3,11 +3,9 @@
 Each worker is a child process (spawned, so it shares nothing with the supervisor but the
 settings and its ledger). The supervisor runs no task code, so it can always act for its
 workers, whatever their tasks do to their own interpreters:
-- a monitor thread (monitor.py) rescues the attempts of lost workers elsewhere
-  (liveness.py), makes every other database write of the supervisor, and passes cancel
-  requests for their attempts to the ledgers (every beat interval; on PostgreSQL at
-  once, woken by the relay); a heart thread of its own beats for the workers, so that
-  no write waiting on a lock holds up a beat (liveness.Heart);
+- a monitor thread (monitor.py) makes the supervisor's database writes: rescues,
+  settles, cancel requests passed to the ledgers (on PostgreSQL at once, woken by the
+  relay); its heart thread beats for the workers, held up by none of those;
 - on PostgreSQL, a relay thread holds the one LISTEN connection of all the workers and
   passes each wake-up on to them through a pipe per worker (relay.py), and wakes the
   scheduler thread when a schedule is made or changed in the admin;
