@@ -217,6 +217,7 @@ def test_a_settle_that_waits_on_a_row_lock_does_not_silence_the_supervisor(runjo
     supervisor = runjobs.start("--queue", "default", "--concurrency", "2")
     dying = tasks.sleeps_on_first_attempt.enqueue("d", 60)
     victim = running(dying)
+    wait_for(lambda: Execution.objects.filter(label="d:1").exists())  # begun: not handed back
     healthy = tasks.sleeps_on_first_attempt.enqueue("h", LOST_AFTER * 3)
     bystander = running(healthy)
     assert victim.worker_id != bystander.worker_id

@@ -426,6 +426,12 @@ def check(
                 and overrun["failure_reason"] in (FailureReason.TIMEOUT, FailureReason.CANCELLED)
             ):
                 since = finished - timedelta(seconds=1)
+                # Its failure written late, the database away when its process was
+                # stopped: the stop came before the outage (seen: SIGSTOPped across its
+                # deadline, stopped at 47 s, the outage from 46 to 52 s, written at 53 s).
+                for o in faults.outages:
+                    if _within(finished, o.at, o.ended, window):
+                        since = min(since, o.at - timedelta(seconds=1))
                 # On SQLite any writer SIGSTOPped inside a write holds every other writer,
                 # this worker's loop too when it writes (seen: a 6 s pause of another
                 # worker, then 5 neighbours lost at the deadline it could not cancel).
