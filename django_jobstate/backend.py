@@ -246,17 +246,7 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
     first, newest = attempts[0], attempts[-1]
     if task is None:
         task = with_settings(load_task(newest.task_path))
-    # The task as enqueued: a run_after other than the enqueue time was given to .using().
-    run_after = None if first.run_after == first.enqueued_at else first.run_after
-    stored = (newest.queue_name, newest.priority, newest.backend, run_after)
-    if (task.queue_name, task.priority, task.backend, task.run_after) != stored:
-        task = replace(
-            task,
-            queue_name=newest.queue_name,
-            priority=newest.priority,
-            backend=newest.backend,
-            run_after=run_after,
-        )
+    task = as_enqueued(task, first, newest)
     started = [a for a in attempts if a.started_at is not None]
     result: TaskResult[Any, Any] = JobStateTaskResult(
         task=task,
@@ -284,3 +274,20 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
     if newest.state == State.SUCCEEDED:
         object.__setattr__(result, "_return_value", newest.return_value)
     return result
+
+
+def as_enqueued(task: Task, first: Job, newest: Job) -> Task:
+    """`task` with the options its job was enqueued with (`first` and `newest` of its
+    attempts); InvalidTask if the backend refuses them (a row written behind its back)."""
+    # A run_after other than the enqueue time was given to .using().
+    run_after = None if first.run_after == first.enqueued_at else first.run_after
+    stored = (newest.queue_name, newest.priority, newest.backend, run_after)
+    if (task.queue_name, task.priority, task.backend, task.run_after) == stored:
+        return task
+    return replace(
+        task,
+        queue_name=newest.queue_name,
+        priority=newest.priority,
+        backend=newest.backend,
+        run_after=run_after,
+    )

@@ -7,13 +7,16 @@ the same backend (both build the backend's task_class), and send() sends the bac
 signals beside Django's.
 """
 
+import logging
 import sys
 from typing import TYPE_CHECKING, Any
 
 import django
+from django.conf import settings
 from django.core.checks.registry import registry
 from django.core.exceptions import ImproperlyConfigured
 from django.dispatch import Signal
+from django.utils.log import RequireDebugFalse, RequireDebugTrue
 
 # Django 6.0 has django.tasks too, but its @task drops the options of the backend's
 # task_class (max_attempts, unique, ...): 6.0 goes through the backport, as 5.2 does.
@@ -95,6 +98,7 @@ __all__ = [
     "TaskResultDoesNotExist",
     "TaskResultMismatch",
     "TaskResultStatus",
+    "audible",
     "default_task_backend",
     "normalize_json",
     "reported_by_the_backport",
@@ -108,6 +112,8 @@ __all__ = [
 
 _NAMES = {id(task_enqueued): "task_enqueued", id(task_started): "task_started"}
 _NAMES[id(task_finished)] = "task_finished"
+# Django's logging filters that read the settings, not the record: the DEBUG each passes.
+_DEBUG_FILTERS: dict[type, bool] = {RequireDebugFalse: False, RequireDebugTrue: True}
 
 
 def send(signal: Signal, sender: type, **kwargs: Any) -> list[tuple[Any, Any]]:
@@ -123,6 +129,66 @@ def send(signal: Signal, sender: type, **kwargs: Any) -> list[tuple[Any, Any]]:
     if other is not signal:  # never twice to the same receivers
         responses += other.send(sender, **kwargs)
     return responses
+
+
+def audible(signal: Signal, sender: type, level: int = logging.INFO) -> bool:
+    """Whether send(signal, sender, ...) could do anything: False only when each framework's
+    namesake has no receiver but the framework's own log receiver, and no handler would
+    emit that receiver's record at `level`.
+
+    Django's default LOGGING enables the `django` logger at INFO with handlers that drop
+    such a record unless DEBUG: a worker would build a TaskResult and a log record per
+    attempt for nothing (a sixth of a no-op drain's time). Anything not known to drop (a
+    receiver of the project's, a filter of its own) counts as audible.
+    """
+    other = getattr(sys.modules.get(OTHER_SIGNALS), _NAMES[id(signal)], signal)
+    for each in (signal,) if other is signal else (signal, other):
+        try:
+            sync, asynchronous = each._live_receivers(sender)
+        except Exception:  # pragma: no cover - a Django whose Signal differs: send
+            return True
+        for receiver in [*sync, *asynchronous]:
+            module = sys.modules.get(getattr(receiver, "__module__", ""))
+            if getattr(module, "log_" + _NAMES[id(signal)], None) is not receiver:
+                return True
+            if not _drops(getattr(module, "logger", None), level):
+                return True
+    return False
+
+
+def _drops(logger: Any, level: int) -> bool:
+    """Whether a record of `logger` at `level` reaches no handler that may emit it."""
+    if not isinstance(logger, logging.Logger):
+        return False
+    if not logger.isEnabledFor(level):
+        return True
+    kind = type(logger)
+    if logger.filters or not _stock(kind.handle, kind.callHandlers, kind.makeRecord):
+        return False  # e.g. Sentry's breadcrumbs, which patch Logger.callHandlers
+    if logging.getLogRecordFactory() is not logging.LogRecord:
+        return False
+    found = False
+    current: logging.Logger | None = logger
+    while current is not None:
+        for handler in current.handlers:
+            found = True
+            if level < handler.level or type(handler) is logging.NullHandler:
+                continue
+            if not _stock(type(handler).handle, type(handler).filter):
+                return False
+            passes = [_DEBUG_FILTERS.get(type(f)) for f in handler.filters]
+            if all(debug == settings.DEBUG for debug in passes):
+                return False  # it emits (no filter, or DEBUG as its filters want)
+            if None in passes:
+                return False  # a filter of the project's may let the record through
+        current = current.parent if current.propagate else None
+    last = logging.lastResort
+    return found or last is None or level < last.level
+
+
+def _stock(*methods: Any) -> bool:
+    """Whether `methods` are the logging module's own (no project's override or patch)."""
+    return all(getattr(method, "__module__", None) == "logging" for method in methods)
 
 
 def reported_by_the_backport(backend: BaseTaskBackend) -> bool:

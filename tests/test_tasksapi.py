@@ -4,8 +4,11 @@ Runs on every pair of the test matrix (scripts/test): what a pair lacks is skipp
 pair tests what it has (Django 5.2 + backport, 6.0 + backport, 6.1 with and without it).
 """
 
+import contextlib
+import functools
 import importlib
 import importlib.util
+import json
 import logging
 import os
 import pickle
@@ -15,6 +18,7 @@ import time
 
 import django
 import pytest
+from django.test import override_settings
 
 from django_jobstate import tasksapi
 from django_jobstate.backend import JobStateBackend, JobStateTask
@@ -119,6 +123,102 @@ def test_every_present_frameworks_signals_are_sent():
         for module_name in SIGNAL_MODULES
         for name in ("task_enqueued", "task_started", "task_finished")
     )
+
+
+# Signals nothing would hear: the worker builds no TaskResult for them (tasksapi.audible)
+
+
+@pytest.fixture
+def default_logging(monkeypatch):
+    """Django's default LOGGING with DEBUG off, as a new project has it: no handler of the
+    test settings' on the way. Each test takes pytest's capture handlers off the root
+    logger itself (pytest adds them again as the test's call begins)."""
+    monkeypatch.setattr(logging.getLogger("django_tasks"), "handlers", [logging.NullHandler()])
+    return functools.partial(monkeypatch.setattr, logging.root, "handlers", [])
+
+
+def test_a_signal_only_the_frameworks_log_receiver_would_drop_is_not_audible(default_logging):
+    default_logging()
+    started, finished = tasksapi.task_started, tasksapi.task_finished
+
+    assert not tasksapi.audible(started, JobStateBackend)
+    assert not tasksapi.audible(finished, JobStateBackend)
+    # mail_admins takes ERROR without DEBUG: a failure is heard.
+    assert tasksapi.audible(finished, JobStateBackend, logging.ERROR)
+
+
+def test_a_signal_is_audible_to_any_receiver_or_handler_not_known_to_drop(
+    default_logging, monkeypatch
+):
+    default_logging()
+    started = tasksapi.task_started
+    assert not tasksapi.audible(started, JobStateBackend)
+
+    if tasksapi.FRAMEWORK == "django.tasks":  # the backport logs through its own logger
+        with override_settings(DEBUG=True):  # Django's console handler prints INFO then
+            assert tasksapi.audible(started, JobStateBackend)
+    with logging_handler(logging.Handler()):  # a handler of the project's
+        assert tasksapi.audible(started, JobStateBackend)
+    plain = logging.Handler()
+    plain.addFilter(lambda record: "id=" in record.getMessage())  # it reads the record
+    with logging_handler(plain):
+        assert tasksapi.audible(started, JobStateBackend)
+    with monkeypatch.context() as patched:  # as Sentry's breadcrumbs do
+        patched.setattr(logging.Logger, "callHandlers", lambda self, record: None)
+        assert tasksapi.audible(started, JobStateBackend)
+    started.connect(receiver := lambda **kwargs: None, weak=False)
+    try:
+        assert tasksapi.audible(started, JobStateBackend)
+    finally:
+        started.disconnect(receiver)
+    assert not tasksapi.audible(started, JobStateBackend)
+
+
+@contextlib.contextmanager
+def logging_handler(handler):
+    logging.root.addHandler(handler)
+    try:
+        yield
+    finally:
+        logging.root.removeHandler(handler)
+
+
+@pytest.mark.django_db
+def test_a_worker_sends_the_signals_a_log_handler_hears(caplog):
+    caplog.set_level(logging.INFO, logger=tasksapi.FRAMEWORK)  # pytest's handler takes them
+    result = tasks.record.enqueue("logged")
+
+    Worker(burst=True).run()
+
+    logged = [r.getMessage() for r in caplog.records if r.name == tasksapi.FRAMEWORK]
+    assert [line for line in logged if result.id in line and "state=" in line] == [
+        f"Task id={result.id} path={tasks.record.module_path} state={status}"
+        for status in (tasksapi.TaskResultStatus.RUNNING, tasksapi.TaskResultStatus.SUCCESSFUL)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("debug", [False, True])
+def test_runjobs_builds_the_signals_result_only_for_what_would_hear_it(runjobs, debug):
+    plain = tasks.record.enqueue("plain")
+    context = tasks.attempt_number.enqueue()  # its context's TaskResult is built either way
+
+    done = runjobs.run("--burst", JOBSTATE_TEST_SETTINGS=json.dumps({"DEBUG": debug}))
+
+    assert done.returncode == 0, done.stdout
+    assert tasks.record.get_result(plain.id).return_value == "plain"
+    assert tasks.attempt_number.get_result(context.id).return_value == 1
+    # DEBUG: Django's console handler prints the framework's lines; without, it drops them
+    # (the worker then sends no signal nothing hears, and builds no TaskResult for it).
+    # The backport's logger is not Django's: the test settings give it a NullHandler.
+    printed = debug and tasksapi.FRAMEWORK == "django.tasks"
+    for result in (plain, context):
+        lines = {
+            f"Task id={result.id} path={result.task.module_path} state={s}"
+            for s in (tasksapi.TaskResultStatus.RUNNING, tasksapi.TaskResultStatus.SUCCESSFUL)
+        }
+        assert {line for line in lines if line in done.stdout} == (lines if printed else set())
 
 
 # What differs under the backport (README, Requirements)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import InterfaceError, OperationalError
 
-from ..backend import JobStateBackend, load_task, to_task_result
+from ..backend import JobStateBackend, as_enqueued, load_task, to_task_result
 from ..context import JobStateContext
 from ..exceptions import JobCancelled, JobTimeout
 from ..managers import writing
@@ -25,7 +25,15 @@ from ..models import Job
 from ..payload import encode_payload
 from ..states import FailureReason
 from ..task_options import with_settings
-from ..tasksapi import InvalidTask, Task, TaskResult, send, task_started
+from ..tasksapi import (
+    InvalidTask,
+    Task,
+    TaskResult,
+    audible,
+    send,
+    task_finished,
+    task_started,
+)
 from ..telemetry.logs import job_fields
 
 if TYPE_CHECKING:
@@ -68,6 +76,16 @@ class AttemptRunner:
     _average_duration: float | None
     _durations: dict[str, float]  # {task path: its average duration}
     retrying: Callable[[Callable[[], Any]], Any]  # OutcomeWriter's
+    # Whether task_started and task_finished reach anything that reads their TaskResult
+    # (tasksapi.audible), looked up as each claim's attempts begin: a receiver or log
+    # handler added meanwhile hears from the next claim on.
+    announce_started = True
+    announce_finished = True
+
+    def listen(self) -> None:
+        """Look up who hears the signals, for the attempts just claimed."""
+        self.announce_started = audible(task_started, JobStateBackend)
+        self.announce_finished = audible(task_finished, JobStateBackend)
 
     def _execute(self, job: Job, index: int) -> Outcome | None:
         """Run the attempt at `index` of the held batch and return its outcome, or None if
@@ -79,7 +97,7 @@ class AttemptRunner:
         self.learn(outcome)
         return outcome
 
-    def begin(self, job: Job, index: int) -> tuple[Task, TaskResult] | Outcome | None:
+    def begin(self, job: Job, index: int) -> tuple[Task, TaskResult | None] | Outcome | None:
         """Start the attempt at `index`: its task and result to run the body with, or its
         outcome if it must not run, or None if the supervisor handed it back."""
         try:
@@ -103,7 +121,7 @@ class AttemptRunner:
         """Whether the attempt runs on the in-flight event loop (inflight.py)."""
         return self.in_flight > 1 and is_async(task)
 
-    def body(self, job: Job, task: Task, result: TaskResult, index: int) -> Outcome:
+    def body(self, job: Job, task: Task, result: TaskResult | None, index: int) -> Outcome:
         """Run the body of a started attempt (in this thread) and return its outcome."""
         span = self.tracing.Attempt(job) if self.tracing else None
         started = time.monotonic()
@@ -146,7 +164,7 @@ class AttemptRunner:
         path = outcome.job.task_path
         self._durations[path] = _average(self._durations.get(path), duration)
 
-    def _prepare(self, job: Job) -> tuple[Task, TaskResult]:
+    def _prepare(self, job: Job) -> tuple[Task, TaskResult | None]:
         task = self.task_of(job.task_path)  # a path that is not a Task fails: nothing runs
         unreadable = [v for v in (job.args, job.kwargs, job.metadata) if isinstance(v, Unreadable)]
         if unreadable:  # written behind the app's back (enqueue refuses such values)
@@ -156,9 +174,14 @@ class AttemptRunner:
                 f"Job {job.pk} has args {type(job.args).__name__} and kwargs "
                 f"{type(job.kwargs).__name__}; they must be a JSON array and a JSON object."
             )
+        if not task.takes_context and not self.announce_started:
+            as_enqueued(task, job, job)  # refuses what to_task_result() would refuse
+            return task, None  # nothing would read a TaskResult: build none
         return task, to_task_result([*self.previous_attempts(job), job], task)
 
-    def _call(self, job: Job, task: Task, result: TaskResult, index: int) -> tuple[object, bool]:
+    def _call(
+        self, job: Job, task: Task, result: TaskResult | None, index: int
+    ) -> tuple[object, bool]:
         """Run the body; return its value, and whether its success is already written.
 
         An atomic task's body runs in a transaction that also writes its success, fenced
@@ -175,8 +198,12 @@ class AttemptRunner:
             Job.objects.succeed(job, value)
         return value, True
 
-    def arguments(self, job: Job, task: Task, result: TaskResult, index: int) -> tuple[object, ...]:
+    def arguments(
+        self, job: Job, task: Task, result: TaskResult | None, index: int
+    ) -> tuple[object, ...]:
         """Send task_started; the arguments the body takes before the job's own."""
+        if result is None:  # _prepare(): no context, and nothing hears task_started
+            return ()
         send(task_started, JobStateBackend, task_result=result)
         if not task.takes_context:
             return ()

@@ -70,7 +70,7 @@ class InFlight:
     def free(self) -> int:
         return self.limit - len(self.running)
 
-    def submit(self, job: Job, task: Task, result: TaskResult, index: int) -> None:
+    def submit(self, job: Job, task: Task, result: TaskResult | None, index: int) -> None:
         """Run a started attempt's body beside the others."""
         self.running[index] = job
         if self.worker.on_loop(task):
@@ -111,7 +111,7 @@ class InFlight:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._loop_thread.join(5)
 
-    def _run_sync(self, job: Job, task: Task, result: TaskResult, index: int) -> None:
+    def _run_sync(self, job: Job, task: Task, result: TaskResult | None, index: int) -> None:
         try:
             outcome = self.worker.body(job, task, result, index)
         except BaseException as exc:  # body() returns the task's errors: this one is ours
@@ -122,7 +122,7 @@ class InFlight:
         finally:
             self._done.put((index, outcome))
 
-    async def _run_async(self, job: Job, task: Task, result: TaskResult, index: int) -> None:
+    async def _run_async(self, job: Job, task: Task, result: TaskResult | None, index: int) -> None:
         worker = self.worker
         span, started = None, time.monotonic()
         try:
@@ -195,6 +195,7 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                 jobs = worker.claim(wanted)
                 last_look = time.monotonic()
                 look = len(jobs) == wanted  # a full claim: more may wait
+                worker.listen()
                 for job, index in zip(jobs, worker.ledger.hold([j.pk for j in jobs]), strict=True):
                     begun = worker.begin(job, index)
                     if isinstance(begun, tuple):

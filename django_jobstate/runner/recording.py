@@ -41,6 +41,7 @@ class OutcomeWriter:
     db: str
     task_of: Callable[[str], Task]  # AttemptRunner's
     previous_attempts: Callable[[Job], list[Job]]
+    announce_finished: bool  # AttemptRunner's
 
     def record(self, outcomes: list[Outcome]) -> None:
         """Write outcomes, fenced: successes in one statement, failures one by one."""
@@ -204,6 +205,8 @@ class OutcomeWriter:
                     error_class=described["error_class"],
                 ),
             )
+        if error is None and not self.announce_finished:
+            return  # nothing would read its TaskResult (AttemptRunner.listen)
         try:
             result = to_task_result(
                 [*self.previous_attempts(job), job], self.task_of(job.task_path)

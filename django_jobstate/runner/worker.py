@@ -194,6 +194,7 @@ class Worker(Claims, AttemptRunner, OutcomeWriter):
         # are handed back: run the attempts with a timeout last, to hand back fewer.
         jobs = sorted(jobs, key=lambda job: job.timeout is not None)
         self.ledger.hold([job.pk for job in jobs])
+        self.listen()
         checked, mine = time.monotonic(), {job.pk for job in jobs}
         stop_seen: float | None = None
         for index, job in enumerate(jobs):
