@@ -17,6 +17,8 @@ MAX_PAYLOAD_DEPTH = 31
 
 def encode_payload(value: Any, what: str) -> tuple[Any, str]:
     """Return `value` as it will read back from JSON, and its JSON; or raise InvalidPayload."""
+    if value is None:  # most tasks' return value
+        return None, "null"
     try:
         try:
             text = json.dumps(value, allow_nan=False, ensure_ascii=False)

@@ -14,6 +14,7 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.db import IntegrityError, OperationalError, connection, connections, transaction
+from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
@@ -121,6 +122,35 @@ def test_claim_from_a_key_skips_what_claim_order_puts_before_it():
     assert Job.objects.claim("w", limit=9, from_key=claim_key(second)) == [second, third]
     assert Job.objects.claim("w", limit=9, from_key=claim_key(second)) == []
     assert Job.objects.claim("w", limit=9) == [high, first]
+
+
+def test_a_claimed_job_is_its_row_as_the_orm_reads_it():
+    JobFactory(args=[1, {"a": [2]}], kwargs={"k": "v"}, metadata={"m": 1})
+
+    [claimed] = Job.objects.claim("w")
+
+    read = Job.objects.get(pk=claimed.pk)
+    assert {k: v for k, v in vars(claimed).items() if k != "_state"} == {
+        k: v for k, v in vars(read).items() if k != "_state"
+    }
+    assert (claimed._state.adding, claimed._state.db) == (False, read._state.db)
+    claimed.save(update_fields=["metadata"])  # an instance the ORM can write
+
+
+def test_a_post_init_receiver_of_job_sees_each_claimed_job():
+    jobs = [JobFactory(), JobFactory()]
+    seen = []
+
+    def receiver(sender, instance, **kwargs):
+        seen.append(instance.pk)
+
+    post_init.connect(receiver, sender=Job)
+    try:
+        claimed = Job.objects.claim("w", limit=2)
+    finally:
+        post_init.disconnect(receiver, sender=Job)
+
+    assert sorted(seen) == sorted(j.pk for j in jobs) == sorted(j.pk for j in claimed)
 
 
 @pytest.mark.parametrize(("worker_id", "limit"), [("", 1), ("w", 0), ("w", -3)])

@@ -24,6 +24,8 @@ from django.db import (
     transaction,
 )
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models.base import ModelState
+from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
 from ..conf import get_settings
@@ -105,6 +107,23 @@ def from_db(connection: BaseDatabaseWrapper, field: models.Field[Any, Any], valu
     for convert in connection.ops.get_db_converters(column) + field.get_db_converters(connection):
         value = convert(value, column, connection)
     return value
+
+
+def built_directly(model: type[models.Model]) -> bool:
+    """Whether instances of `model` may be built by instance(): while nothing listens to
+    its pre_init or post_init, which only Model.__init__ sends."""
+    return not (pre_init.has_listeners(model) or post_init.has_listeners(model))
+
+
+def instance[M: models.Model](model: type[M], db: str, attrs: dict[str, Any]) -> M:
+    """What Model.__init__ and from_db() leave behind, `attrs` being every concrete field's
+    value by attname, without walking the fields (a fifth of building a claimed batch)."""
+    built = model.__new__(model)
+    state = ModelState()
+    state.adding, state.db = False, db
+    built.__dict__.update(attrs)
+    built.__dict__["_state"] = state
+    return built
 
 
 def close_connection() -> None:

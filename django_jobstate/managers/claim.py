@@ -9,7 +9,7 @@ from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..states import State, check_transition
-from .base import ClaimKey, claim_key, now_sql, write_lock_first
+from .base import ClaimKey, built_directly, claim_key, instance, now_sql, write_lock_first
 from .conflicts import retries_conflicts
 from .mysql import MySQLWrites
 from .queue_claim import QueueClaim, limited_queues, limited_row
@@ -150,6 +150,7 @@ class Claim(QueueClaim, RateClaim, MySQLWrites):
             found = connection.ops.get_db_converters(column) + f.get_db_converters(connection)
             if found:
                 converters.append((i, column, found))
+        direct = built_directly(self.model)
         jobs = []
         for row in rows:
             values = list(row)
@@ -159,7 +160,10 @@ class Claim(QueueClaim, RateClaim, MySQLWrites):
                         values[i] = convert(values[i], column, connection)
                 except RecursionError:
                     values[i] = Unreadable(f"{names[i]} is nested too deeply to decode")
-            jobs.append(self.model.from_db(db, names, values))
+            if direct:
+                jobs.append(instance(self.model, db, dict(zip(names, values, strict=True))))
+            else:
+                jobs.append(self.model.from_db(db, names, values))
         return jobs
 
     def _heads(

@@ -24,11 +24,9 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models.base import ModelState
-from django.db.models.signals import post_init, pre_init
 
 from ..db.notify import NOTIFY
-from .base import PER_CALL, now_sql
+from .base import PER_CALL, built_directly, instance, now_sql
 from .unique import Row
 
 if TYPE_CHECKING:
@@ -60,7 +58,7 @@ def job_builder(model: type[Job], db: str, template: Job) -> Builder:
     per_call = [fields.index(name) for name in PER_CALL]
     # Each job gets its own copy of the metadata dict (the template is shared).
     at_metadata = fields.index("metadata")
-    if pre_init.has_listeners(model) or post_init.has_listeners(model):
+    if not built_directly(model):
 
         def through_init(result_id: Any, args: Any, kwargs: Any, key: str | None) -> Job:
             row = list(values)
@@ -75,16 +73,10 @@ def job_builder(model: type[Job], db: str, template: Job) -> Builder:
     names = [fields[i] for i in per_call]
 
     def direct(result_id: Any, args: Any, kwargs: Any, key: str | None) -> Job:
-        # What Model.__init__ + from_db() leave behind, without walking the fields.
-        job = model.__new__(model)
-        state = ModelState()
-        state.adding, state.db = False, db
-        attrs = job.__dict__
-        attrs.update(shared)
+        attrs = dict(shared)
         attrs["metadata"] = copy.deepcopy(metadata) if metadata else {}
         attrs.update(zip(names, (result_id, args, kwargs, key), strict=True))
-        attrs["_state"] = state
-        return job
+        return instance(model, db, attrs)
 
     return direct
 
@@ -208,5 +200,4 @@ class PreparedInserts:
 
 def _builder_kind(model: type[Job]) -> str:
     """Which builder job_builder() makes today: a receiver connected since changes it."""
-    listening = pre_init.has_listeners(model) or post_init.has_listeners(model)
-    return "through_init" if listening else "direct"
+    return "direct" if built_directly(model) else "through_init"
