@@ -88,12 +88,12 @@ class Outcomes(MySQLWrites, Retry):
         if connection.vendor == "mysql":
             return self._succeed_many_mysql(db, worker_id, outcomes, linked)
         if connection.vendor == "postgresql":
-            # Two arrays, not a VALUES row per job: the client-side binding formats two
-            # parameters instead of two per job, and the server parses a short statement
-            # (a batch of 100 wrote in 1.2 ms instead of 3.3 on the benchmark's VM).
-            rows = "SELECT * FROM unnest(%s::bigint[], %s::jsonb[])"
-            values: list[Any] = [[job.pk for job, _ in outcomes]]
-            values.append([json.dumps(value) for _, value in outcomes])
+            # One JSON array of [id, return value] pairs, not a VALUES row per job: the
+            # client-side binding quotes one string (json.dumps makes it in C), and the
+            # server parses a short statement. A batch of 100 took 3.3 ms as VALUES, 1.2
+            # as two arrays (psycopg formats those element by element: 0.44 ms), 0.7 so.
+            rows = "SELECT (e ->> 0)::bigint, e -> 1 FROM jsonb_array_elements(%s::jsonb) e"
+            values: list[Any] = [json.dumps([[job.pk, value] for job, value in outcomes])]
         else:
             rows = "VALUES " + ", ".join(["(%s, %s)"] * len(outcomes))
             values = [param for job, value in outcomes for param in (job.pk, json.dumps(value))]
