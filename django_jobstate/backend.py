@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
@@ -28,6 +29,7 @@ from .tasksapi import (
     TaskResult,
     TaskResultDoesNotExist,
     TaskResultStatus,
+    audible,
     reported_by_the_backport,
     send,
     task_enqueued,
@@ -102,6 +104,8 @@ class JobStateBackend(BaseTaskBackend):
                     span.set_attribute("messaging.message.id", str(jobs[0].result_id))
         else:
             jobs = self._enqueue(plan, calls, None)
+        # Django's receiver logs each at DEBUG: the signal is sent only if anything hears it.
+        announce = audible(task_enqueued, type(self), logging.DEBUG)
         results = []
         for job in jobs:
             if job.deduplicated:  # the live task that holds the key, with all its attempts
@@ -112,7 +116,8 @@ class JobStateBackend(BaseTaskBackend):
                 results.append(to_task_result(attempts, task if same else None))
                 continue
             result = to_task_result([job], task)
-            send(task_enqueued, type(self), task_result=result)
+            if announce:
+                send(task_enqueued, type(self), task_result=result)
             results.append(result)
         return results
 

@@ -245,6 +245,20 @@ def test_enqueue_sends_task_enqueued_with_the_result():
     assert received[0][1].status == TaskResultStatus.READY
 
 
+@pytest.mark.django_db
+def test_bulk_enqueue_sends_task_enqueued_for_each_call_to_a_receiver():
+    received = []
+    backend = record.get_backend()
+    backend.bulk_enqueue(record, [(("unheard",), {})])  # nothing but the log receiver
+    task_enqueued.connect(receiver := lambda task_result, **kwargs: received.append(task_result))
+    try:
+        results = backend.bulk_enqueue(record, [(("a",), {}), (("b",), {})])
+    finally:
+        task_enqueued.disconnect(receiver)
+
+    assert received == results
+
+
 # Bad input writes nothing
 
 
