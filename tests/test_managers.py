@@ -126,15 +126,19 @@ def test_claim_from_a_key_skips_what_claim_order_puts_before_it():
 
 def test_a_claimed_job_is_its_row_as_the_orm_reads_it():
     JobFactory(args=[1, {"a": [2]}], kwargs={"k": "v"}, metadata={"m": 1})
+    JobFactory(args=[], kwargs={}, metadata={})  # read without decoding (claim._json_value)
+    JobFactory(args=[], kwargs={}, metadata={})
 
-    [claimed] = Job.objects.claim("w")
+    claimed = Job.objects.claim("w", limit=3)
 
-    read = Job.objects.get(pk=claimed.pk)
-    assert {k: v for k, v in vars(claimed).items() if k != "_state"} == {
-        k: v for k, v in vars(read).items() if k != "_state"
-    }
-    assert (claimed._state.adding, claimed._state.db) == (False, read._state.db)
-    claimed.save(update_fields=["metadata"])  # an instance the ORM can write
+    for job in claimed:
+        read = Job.objects.get(pk=job.pk)
+        assert {k: v for k, v in vars(job).items() if k != "_state"} == {
+            k: v for k, v in vars(read).items() if k != "_state"
+        }
+        assert (job._state.adding, job._state.db) == (False, read._state.db)
+    assert claimed[1].kwargs is not claimed[2].kwargs  # each its own
+    claimed[0].save(update_fields=["metadata"])  # an instance the ORM can write
 
 
 def test_a_post_init_receiver_of_job_sees_each_claimed_job():
