@@ -68,7 +68,7 @@ def spy(env: dict[str, str], n: int, top: int, workdir: Path) -> int:
     rate, raw = 500, workdir / "py-spy.txt"
     command = [py_spy() or "py-spy", "record", "--subprocesses", "--idle", "--threads"]
     command += ["--nonblocking", "--function", "-r", str(rate), "--format", "raw"]
-    command += ["-o", str(raw), "--", sys.executable, "manage.py", "runjobs", "--burst"]
+    command += ["-o", str(raw), "--", sys.executable, "manage.py", "runjobs", "--burst", "-v", "0"]
     code = subprocess.run(command, cwd=ROOT, env=env, capture_output=True).returncode
     inclusive: dict[str, int] = {}
     own: dict[str, int] = {}
