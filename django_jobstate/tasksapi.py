@@ -9,6 +9,7 @@ signals beside Django's.
 
 import logging
 import sys
+import types
 from typing import TYPE_CHECKING, Any
 
 import django
@@ -124,11 +125,17 @@ def send(signal: Signal, sender: type, **kwargs: Any) -> list[tuple[Any, Any]]:
     A module nobody imported has no receivers: looking in sys.modules (not importing it)
     costs nothing and leaves a project without the other framework untouched.
     """
-    responses = signal.send(sender, **kwargs)
-    other = getattr(sys.modules.get(OTHER_SIGNALS), _NAMES[id(signal)], signal)
-    if other is not signal:  # never twice to the same receivers
-        responses += other.send(sender, **kwargs)
+    responses = []
+    for each in _namesakes(signal):
+        responses += each.send(sender, **kwargs)
     return responses
+
+
+def _namesakes(signal: Signal) -> list[Signal]:
+    """`signal`, and the other framework's signal of its name if that one is in use (never
+    the same receivers twice)."""
+    other = getattr(sys.modules.get(OTHER_SIGNALS), _NAMES[id(signal)], signal)
+    return [signal] if other is signal else [signal, other]
 
 
 def audible(signal: Signal, sender: type, level: int = logging.INFO) -> bool:
@@ -141,8 +148,7 @@ def audible(signal: Signal, sender: type, level: int = logging.INFO) -> bool:
     attempt for nothing (a sixth of a no-op drain's time). Anything not known to drop (a
     receiver of the project's, a filter of its own) counts as audible.
     """
-    other = getattr(sys.modules.get(OTHER_SIGNALS), _NAMES[id(signal)], signal)
-    for each in (signal,) if other is signal else (signal, other):
+    for each in _namesakes(signal):
         try:
             sync, asynchronous = each._live_receivers(sender)
         except Exception:  # pragma: no cover - a Django whose Signal differs: send
@@ -162,8 +168,7 @@ def _drops(logger: Any, level: int) -> bool:
         return False
     if not logger.isEnabledFor(level):
         return True
-    kind = type(logger)
-    if logger.filters or not _stock(kind.handle, kind.callHandlers, kind.makeRecord):
+    if logger.filters or not _stock(type(logger), _LOGGER_METHODS):
         return False  # e.g. Sentry's breadcrumbs, which patch Logger.callHandlers
     if logging.getLogRecordFactory() is not logging.LogRecord:
         return False
@@ -174,7 +179,7 @@ def _drops(logger: Any, level: int) -> bool:
             found = True
             if level < handler.level or type(handler) is logging.NullHandler:
                 continue
-            if not _stock(type(handler).handle, type(handler).filter):
+            if not _stock(type(handler), ("handle", "filter")):
                 return False
             passes = [_DEBUG_FILTERS.get(type(f)) for f in handler.filters]
             if all(debug == settings.DEBUG for debug in passes):
@@ -186,9 +191,24 @@ def _drops(logger: Any, level: int) -> bool:
     return found or last is None or level < last.level
 
 
-def _stock(*methods: Any) -> bool:
-    """Whether `methods` are the logging module's own (no project's override or patch)."""
-    return all(getattr(method, "__module__", None) == "logging" for method in methods)
+# What a Logger does with a record on its way to the handlers: a project's override or patch
+# of any of them may read records that no handler emits.
+_LOGGER_METHODS = (
+    *("debug", "info", "log", "error", "exception"),
+    *("_log", "makeRecord", "handle", "callHandlers"),
+)
+
+
+def _stock(kind: type, names: tuple[str, ...]) -> bool:
+    """Whether `kind`'s methods `names` are the logging module's own functions: their code
+    is in its file (a wrapper that copies the wrapped one's name and module is not)."""
+    for name in names:
+        method = getattr(kind, name, None)
+        if type(method) is not types.FunctionType:
+            return False
+        if method.__code__.co_filename != logging.__file__:
+            return False
+    return True
 
 
 def reported_by_the_backport(backend: BaseTaskBackend) -> bool:

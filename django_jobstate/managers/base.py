@@ -111,7 +111,12 @@ def from_db(connection: BaseDatabaseWrapper, field: models.Field[Any, Any], valu
 
 def built_directly(model: type[models.Model]) -> bool:
     """Whether instances of `model` may be built by instance(): while nothing listens to
-    its pre_init or post_init, which only Model.__init__ sends."""
+    its pre_init or post_init, which only Model.__init__ sends, and neither __init__ nor
+    from_db() is the model's own (or patched, as field trackers do)."""
+    if model.__init__ is not models.Model.__init__:
+        return False
+    if model.from_db.__func__ is not models.Model.from_db.__func__:  # type: ignore[attr-defined]
+        return False
     return not (pre_init.has_listeners(model) or post_init.has_listeners(model))
 
 

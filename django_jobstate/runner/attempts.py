@@ -25,15 +25,7 @@ from ..models import Job
 from ..payload import encode_payload
 from ..states import FailureReason
 from ..task_options import with_settings
-from ..tasksapi import (
-    InvalidTask,
-    Task,
-    TaskResult,
-    audible,
-    send,
-    task_finished,
-    task_started,
-)
+from ..tasksapi import InvalidTask, Task, TaskResult, audible, send, task_started
 from ..telemetry.logs import job_fields
 
 if TYPE_CHECKING:
@@ -76,16 +68,14 @@ class AttemptRunner:
     _average_duration: float | None
     _durations: dict[str, float]  # {task path: its average duration}
     retrying: Callable[[Callable[[], Any]], Any]  # OutcomeWriter's
-    # Whether task_started and task_finished reach anything that reads their TaskResult
-    # (tasksapi.audible), looked up as each claim's attempts begin: a receiver or log
-    # handler added meanwhile hears from the next claim on.
+    # Whether task_started reaches anything that reads its TaskResult (tasksapi.audible),
+    # looked up as each claim's attempts begin: a receiver or log handler added meanwhile
+    # hears from the next claim on. (task_finished: at each write, recording.py.)
     announce_started = True
-    announce_finished = True
 
     def listen(self) -> None:
-        """Look up who hears the signals, for the attempts just claimed."""
+        """Look up who hears task_started, for the attempts just claimed."""
         self.announce_started = audible(task_started, JobStateBackend)
-        self.announce_finished = audible(task_finished, JobStateBackend)
 
     def _execute(self, job: Job, index: int) -> Outcome | None:
         """Run the attempt at `index` of the held batch and return its outcome, or None if
@@ -174,8 +164,13 @@ class AttemptRunner:
                 f"Job {job.pk} has args {type(job.args).__name__} and kwargs "
                 f"{type(job.kwargs).__name__}; they must be a JSON array and a JSON object."
             )
+        if not isinstance(job.metadata, dict):
+            raise InvalidTask(
+                f"Job {job.pk} has metadata {type(job.metadata).__name__}; it must be a JSON "
+                f"object."
+            )
         if not task.takes_context and not self.announce_started:
-            as_enqueued(task, job, job)  # refuses what to_task_result() would refuse
+            as_enqueued(task, job, job)  # the options to_task_result() would refuse
             return task, None  # nothing would read a TaskResult: build none
         return task, to_task_result([*self.previous_attempts(job), job], task)
 

@@ -195,7 +195,8 @@ def run_in_flight(worker: Worker, waiter: Waiter) -> None:
                 jobs = worker.claim(wanted)
                 last_look = time.monotonic()
                 look = len(jobs) == wanted  # a full claim: more may wait
-                worker.listen()
+                if jobs:
+                    worker.listen()
                 for job, index in zip(jobs, worker.ledger.hold([j.pk for j in jobs]), strict=True):
                     begun = worker.begin(job, index)
                     if isinstance(begun, tuple):

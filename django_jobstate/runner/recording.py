@@ -23,7 +23,7 @@ from ..managers import connection_lost, describe_error
 from ..models import Job
 from ..states import FailureReason, State
 from ..task_options.retries import Next, decide
-from ..tasksapi import Task, send, task_finished
+from ..tasksapi import Task, audible, send, task_finished
 from ..telemetry import metrics
 from ..telemetry.logs import job_fields
 
@@ -41,10 +41,11 @@ class OutcomeWriter:
     db: str
     task_of: Callable[[str], Task]  # AttemptRunner's
     previous_attempts: Callable[[Job], list[Job]]
-    announce_finished: bool  # AttemptRunner's
+    _announce = True  # record()'s: whether a success's task_finished reaches anything
 
     def record(self, outcomes: list[Outcome]) -> None:
         """Write outcomes, fenced: successes in one statement, failures one by one."""
+        self._announce = audible(task_finished, JobStateBackend)  # once a write
         for outcome in outcomes:
             if outcome.written:
                 self._finished(outcome)
@@ -205,8 +206,8 @@ class OutcomeWriter:
                     error_class=described["error_class"],
                 ),
             )
-        if error is None and not self.announce_finished:
-            return  # nothing would read its TaskResult (AttemptRunner.listen)
+        if error is None and not self._announce:
+            return  # nothing would read its TaskResult (record())
         try:
             result = to_task_result(
                 [*self.previous_attempts(job), job], self.task_of(job.task_path)
