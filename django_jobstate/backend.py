@@ -5,9 +5,8 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
 from functools import cached_property
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from django.apps import apps
 from django.core.checks import CheckMessage, Error
@@ -17,18 +16,15 @@ from django.db import OperationalError
 from .conf import Settings
 from .loading import check_loadable
 from .loading import load_task as load_task  # re-exported: worker.py imports it from here
-from .states import FailureReason, State
 from .task_options import JobStateTask as JobStateTask  # the public path of the task class
 from .task_options import validate_options, validate_queue, with_settings
 from .task_options.plan import Plan, Plans, make_plan
+from .task_results import EnqueuedResults, to_task_result
 from .tasksapi import (
-    TASK_REFRESH_ATTRS,
     BaseTaskBackend,
     Task,
-    TaskError,
     TaskResult,
     TaskResultDoesNotExist,
-    TaskResultStatus,
     audible,
     reported_by_the_backport,
     send,
@@ -43,16 +39,6 @@ if TYPE_CHECKING:
 # PostgreSQL's "could not serialize access": an ON CONFLICT under REPEATABLE READ that met
 # a row committed after the snapshot.
 SERIALIZATION_FAILURE = "40001"
-
-STATUS = {
-    State.QUEUED: TaskResultStatus.READY,
-    State.RUNNING: TaskResultStatus.RUNNING,
-    State.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
-    State.FAILED: TaskResultStatus.FAILED,
-}
-
-# Failed attempts that are no error of the task: the next attempt does not count them.
-NOT_ERRORS = frozenset({FailureReason.RELEASED, FailureReason.SNOOZED})
 
 _NOT_INSTALLED = (
     "TASKS[{alias!r}] uses JobStateBackend, but django_jobstate is not in INSTALLED_APPS, "
@@ -85,10 +71,11 @@ class JobStateBackend(BaseTaskBackend):
 
     def bulk_enqueue(
         self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
-    ) -> list[TaskResult]:
+    ) -> EnqueuedResults:
         """Enqueue many calls of `task` at once, all or none: `[(args, kwargs), ...]`.
 
-        Not part of django.tasks: a fast path for enqueueing thousands of jobs.
+        Not part of django.tasks: a fast path for enqueueing thousands of jobs. Returns a
+        sequence of their TaskResults, in the calls' order, each built when first read.
         """
         plan = self._plans.get(task, self._plan)
         task = plan.task
@@ -106,20 +93,18 @@ class JobStateBackend(BaseTaskBackend):
             jobs = self._enqueue(plan, calls, None)
         # Django's receiver logs each at DEBUG: the signal is sent only if anything hears it.
         announce = audible(task_enqueued, type(self), logging.DEBUG)
-        results = []
-        for job in jobs:
+        built: dict[int, TaskResult] = {}  # the rest are built when read (EnqueuedResults)
+        for i, job in enumerate(jobs):
             if job.deduplicated:  # the live task that holds the key, with all its attempts
                 attempts = (
                     [job] if job.attempt == 1 else list(Job.objects.attempts_of(job.result_id))
                 )
                 same = job.task_path == task.module_path  # an explicit key may be another's
-                results.append(to_task_result(attempts, task if same else None))
-                continue
-            result = to_task_result([job], task)
-            if announce:
+                built[i] = to_task_result(attempts, task if same else None)
+            elif announce:
+                built[i] = result = to_task_result([job], task)
                 send(task_enqueued, type(self), task_result=result)
-            results.append(result)
-        return results
+        return EnqueuedResults(jobs, task, built)
 
     @cached_property
     def _plans(self) -> Plans:
@@ -227,72 +212,3 @@ class JobStateBackend(BaseTaskBackend):
                 id="django_jobstate.E003",
             )
         ]
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class JobStateTaskResult(TaskResult):  # type: ignore[misc]  # frozen at runtime, not in the stubs
-    """Django's TaskResult, plus the newest attempt's `metadata` (refresh() reads it too)."""
-
-    metadata: dict[str, Any] = field(default_factory=dict)
-
-    def refresh(self) -> None:
-        self._update(self.task.get_backend().get_result(self.id))
-
-    async def arefresh(self) -> None:
-        self._update(await self.task.get_backend().aget_result(self.id))
-
-    def _update(self, refreshed: TaskResult) -> None:
-        for attr in (*TASK_REFRESH_ATTRS, "metadata"):
-            object.__setattr__(self, attr, getattr(refreshed, attr))
-
-
-def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskResult:
-    """Describe one logical task from all its attempts, oldest first."""
-    first, newest = attempts[0], attempts[-1]
-    if task is None:
-        task = with_settings(load_task(newest.task_path))
-    task = as_enqueued(task, first, newest)
-    started = [a for a in attempts if a.started_at is not None]
-    result: TaskResult[Any, Any] = JobStateTaskResult(
-        task=task,
-        id=str(newest.result_id),
-        status=STATUS[State(newest.state)],
-        enqueued_at=first.enqueued_at,
-        started_at=started[0].started_at if started else None,
-        finished_at=newest.finished_at,
-        last_attempted_at=started[-1].started_at if started else None,
-        args=newest.args,
-        kwargs=newest.kwargs,
-        backend=newest.backend,
-        errors=[
-            TaskError(exception_class_path=a.error_class, traceback=a.traceback)
-            for a in attempts
-            # An attempt released unstarted raised nothing: its task never ran; a snoozed
-            # one asked to run again, no error. (One cancelled before it started has an
-            # error: JobCancelled, the reason it failed.)
-            if a.state == State.FAILED and a.failure_reason not in NOT_ERRORS
-        ],
-        # The check constraints give every started attempt a worker_id.
-        worker_ids=[cast(str, a.worker_id) for a in started],
-        metadata=dict(newest.metadata),
-    )
-    if newest.state == State.SUCCEEDED:
-        object.__setattr__(result, "_return_value", newest.return_value)
-    return result
-
-
-def as_enqueued(task: Task, first: Job, newest: Job) -> Task:
-    """`task` with the options its job was enqueued with (`first` and `newest` of its
-    attempts); InvalidTask if the backend refuses them (a row written behind its back)."""
-    # A run_after other than the enqueue time was given to .using().
-    run_after = None if first.run_after == first.enqueued_at else first.run_after
-    stored = (newest.queue_name, newest.priority, newest.backend, run_after)
-    if (task.queue_name, task.priority, task.backend, task.run_after) == stored:
-        return task
-    return replace(
-        task,
-        queue_name=newest.queue_name,
-        priority=newest.priority,
-        backend=newest.backend,
-        run_after=run_after,
-    )

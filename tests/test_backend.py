@@ -463,6 +463,27 @@ def test_bulk_enqueue_writes_ten_thousand_small_calls_in_one_statement():
 
 
 @pytest.mark.django_db
+def test_bulk_enqueue_builds_each_result_when_it_is_first_read():
+    calls = [(["a"], {}), (["b"], {"n": 1}), ([], {})]
+
+    results = default_task_backend.bulk_enqueue(record, calls)
+
+    assert results._built == {}  # nothing built that nobody reads
+    assert len(results) == 3
+    last = results[-1]
+    assert results._built == {2: last}
+    assert results[2] is last  # once
+    assert results[:2] == [results[0], results[1]]
+    assert list(results) == [get_result(job) for job in Job.objects.order_by("id")]
+    assert [(r.args, r.kwargs) for r in results] == [(["a"], {}), (["b"], {"n": 1}), ([], {})]
+    assert results == tuple(results)
+    assert results != list(results)[:2]
+    with pytest.raises(IndexError):
+        results[3]
+    assert repr(results) == "<EnqueuedResults: 3 tasks>"
+
+
+@pytest.mark.django_db
 def test_bulk_enqueue_splits_large_arguments_below_the_servers_packet_size():
     """MariaDB refuses a statement past max_allowed_packet (16 MiB by default): calls whose
     arguments weigh more than a few MiB in all are written by several statements."""

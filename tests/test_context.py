@@ -7,11 +7,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from django_jobstate.backend import JobStateBackend, JobStateTaskResult
+from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import InvalidPayload, LostRace, WorkerLost
 from django_jobstate.models import Job
 from django_jobstate.runner.worker import Worker
 from django_jobstate.states import FailureReason, State
+from django_jobstate.task_results import JobStateTaskResult
 from django_jobstate.tasksapi import InvalidTask
 from tests import tasks
 from tests.factories import JobFactory

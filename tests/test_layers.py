@@ -55,6 +55,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "framework",
         [
             "backend",
+            "task_results",
             "testing",
             "task_options",
             "loading",

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from django.db import InterfaceError, OperationalError
 
-from ..backend import JobStateBackend, as_enqueued, load_task, to_task_result
+from ..backend import JobStateBackend, load_task
 from ..context import JobStateContext
 from ..exceptions import JobCancelled, JobTimeout
 from ..managers import writing
@@ -25,6 +25,7 @@ from ..models import Job
 from ..payload import encode_payload
 from ..states import FailureReason
 from ..task_options import with_settings
+from ..task_results import as_enqueued, to_task_result
 from ..tasksapi import InvalidTask, Task, TaskResult, audible, send, task_started
 from ..telemetry.logs import job_fields
 

@@ -17,12 +17,13 @@ from typing import TYPE_CHECKING, TypeVar
 from django.db import DatabaseError, connections
 from django.utils import timezone
 
-from ..backend import JobStateBackend, to_task_result
+from ..backend import JobStateBackend
 from ..exceptions import LostRace
 from ..managers import connection_lost, describe_error
 from ..models import Job
 from ..states import FailureReason, State
 from ..task_options.retries import Next, decide
+from ..task_results import to_task_result
 from ..tasksapi import Task, audible, send, task_finished
 from ..telemetry import metrics
 from ..telemetry.logs import job_fields

@@ -161,11 +161,12 @@ def _plan(
 
 def _enqueue(node: Node) -> WorkflowResult:
     """Write every step of `node` in one transaction; return the workflow's result."""
-    from ..backend import JobStateBackend, to_task_result
+    from ..backend import JobStateBackend
     from ..conf import get_settings
     from ..managers import uuid7
     from ..managers.deps import Links, as_result_ids
     from ..models import Job
+    from ..task_results import to_task_result
     from .results import WorkflowResult
 
     steps: list[_Planned] = []

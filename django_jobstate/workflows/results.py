@@ -32,8 +32,8 @@ class WorkflowResult:
         return cls(workflow_id, result_ids)
 
     def refresh(self) -> None:
-        from ..backend import to_task_result
         from ..models import Job, JobDependency
+        from ..task_results import to_task_result
 
         try:
             key = uuid.UUID(str(self.id))

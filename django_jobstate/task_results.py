@@ -1,0 +1,139 @@
+"""TaskResults: what Django's Tasks framework sees of a task, built from its attempts' rows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, cast, overload
+
+from .loading import load_task
+from .states import FailureReason, State
+from .task_options import with_settings
+from .tasksapi import TASK_REFRESH_ATTRS, Task, TaskError, TaskResult, TaskResultStatus
+
+if TYPE_CHECKING:
+    from .models import Job
+
+STATUS = {
+    State.QUEUED: TaskResultStatus.READY,
+    State.RUNNING: TaskResultStatus.RUNNING,
+    State.SUCCEEDED: TaskResultStatus.SUCCESSFUL,
+    State.FAILED: TaskResultStatus.FAILED,
+}
+
+# Failed attempts that are no error of the task: the next attempt does not count them.
+NOT_ERRORS = frozenset({FailureReason.RELEASED, FailureReason.SNOOZED})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStateTaskResult(TaskResult):  # type: ignore[misc]  # frozen at runtime, not in the stubs
+    """Django's TaskResult, plus the newest attempt's `metadata` (refresh() reads it too)."""
+
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def refresh(self) -> None:
+        self._update(self.task.get_backend().get_result(self.id))
+
+    async def arefresh(self) -> None:
+        self._update(await self.task.get_backend().aget_result(self.id))
+
+    def _update(self, refreshed: TaskResult) -> None:
+        for attr in (*TASK_REFRESH_ATTRS, "metadata"):
+            object.__setattr__(self, attr, getattr(refreshed, attr))
+
+
+def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskResult:
+    """Describe one logical task from all its attempts, oldest first."""
+    first, newest = attempts[0], attempts[-1]
+    if task is None:
+        task = with_settings(load_task(newest.task_path))
+    task = as_enqueued(task, first, newest)
+    started = [a for a in attempts if a.started_at is not None]
+    result: TaskResult[Any, Any] = JobStateTaskResult(
+        task=task,
+        id=str(newest.result_id),
+        status=STATUS[State(newest.state)],
+        enqueued_at=first.enqueued_at,
+        started_at=started[0].started_at if started else None,
+        finished_at=newest.finished_at,
+        last_attempted_at=started[-1].started_at if started else None,
+        args=newest.args,
+        kwargs=newest.kwargs,
+        backend=newest.backend,
+        errors=[
+            TaskError(exception_class_path=a.error_class, traceback=a.traceback)
+            for a in attempts
+            # An attempt released unstarted raised nothing: its task never ran; a snoozed
+            # one asked to run again, no error. (One cancelled before it started has an
+            # error: JobCancelled, the reason it failed.)
+            if a.state == State.FAILED and a.failure_reason not in NOT_ERRORS
+        ],
+        # The check constraints give every started attempt a worker_id.
+        worker_ids=[cast(str, a.worker_id) for a in started],
+        metadata=dict(newest.metadata),
+    )
+    if newest.state == State.SUCCEEDED:
+        object.__setattr__(result, "_return_value", newest.return_value)
+    return result
+
+
+def as_enqueued(task: Task, first: Job, newest: Job) -> Task:
+    """`task` with the options its job was enqueued with (`first` and `newest` of its
+    attempts); InvalidTask if the backend refuses them (a row written behind its back)."""
+    # A run_after other than the enqueue time was given to .using().
+    run_after = None if first.run_after == first.enqueued_at else first.run_after
+    stored = (newest.queue_name, newest.priority, newest.backend, run_after)
+    if (task.queue_name, task.priority, task.backend, task.run_after) == stored:
+        return task
+    return replace(
+        task,
+        queue_name=newest.queue_name,
+        priority=newest.priority,
+        backend=newest.backend,
+        run_after=run_after,
+    )
+
+
+class EnqueuedResults(Sequence[TaskResult]):
+    """bulk_enqueue()'s results: one per call, in the calls' order, each built when first read.
+
+    A bulk enqueue's caller seldom reads its thousands of results, and building them was 40%
+    of its time (bench/benchmark/enqueue_cost.py). Each one read is what to_task_result()
+    gives for its job as enqueued; equal to a list or tuple of the same results.
+    """
+
+    __slots__ = ("_built", "_jobs", "_task")
+
+    def __init__(self, jobs: list[Job], task: Task, built: dict[int, TaskResult]) -> None:
+        self._jobs, self._task, self._built = jobs, task, built  # built: those read already
+
+    def __len__(self) -> int:
+        return len(self._jobs)
+
+    @overload
+    def __getitem__(self, index: int) -> TaskResult: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[TaskResult]: ...
+
+    def __getitem__(self, index: int | slice) -> TaskResult | list[TaskResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self._jobs))[index]]
+        i = range(len(self._jobs))[index]  # negative indexes, and IndexError past the end
+        result = self._built.get(i)
+        if result is None:
+            result = self._built[i] = to_task_result([self._jobs[i]], self._task)
+        return result
+
+    def __iter__(self) -> Iterator[TaskResult]:
+        return (self[i] for i in range(len(self._jobs)))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, EnqueuedResults | list | tuple):
+            return list(self) == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __repr__(self) -> str:
+        return f"<EnqueuedResults: {len(self)} tasks>"
