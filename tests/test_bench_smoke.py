@@ -144,3 +144,33 @@ def test_the_first_job_script_runs_quick() -> None:
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     assert "first job started" in proc.stdout
+
+
+def test_the_continuous_report_gives_the_latency_verdict_and_the_floor_of_bulk_batches() -> None:
+    """At half the rate sustained, a bulk run's batch (0.1 s of jobs at once) taken at the
+    no-op drain's rate puts its middle job rate x 0.1 / (2 x drain) behind the first."""
+    from bench.benchmark.bench_load_report import continuous_lines
+
+    def run(mode: str, p50: float) -> dict:
+        sample = {"t": 10, "depth": 0, "dead": 0, "live": 0, "vacuums": 0, "index_bytes": {}}
+        return {
+            "rate": 1_000.0, "mode": mode, "fed_rate": 1_000.0, "producers": 1,
+            "throughput": 1_000.0, "p50": p50, "p99": 20.0, "max_depth": 0,
+            "samples": [sample], "timeline": [],
+        }  # fmt: skip
+
+    load = {
+        "ratio": 0.5, "drain": 2_000.0, "max_rate": 2_000.0, "steps": [],
+        "workers": 2, "in_flight": 8,
+        "runs": {"single-50%": run("single", 3.0), "bulk-50%": run("bulk", 30.0)},
+    }  # fmt: skip
+    sizes = type("Sizes", (), {"step": 20, "every": 10})()
+
+    lines = continuous_lines(load, sizes)
+
+    assert "| bulk-50% | 1,000 | 1,000 | 1 | 1,000 | 30.0 | 25.0 | 20.0 |" in "\n".join(lines)
+    assert "- single-50%: pickup p50 < 5 ms and p99 < 50 ms: met" in lines
+    assert (
+        "- bulk-50%: pickup p50 < 5 ms and p99 < 50 ms: **NOT MET** "
+        "(its batches allow p50 >= 25.0 ms)" in lines
+    )
