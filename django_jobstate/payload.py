@@ -26,7 +26,8 @@ def encode_payload(value: Any, what: str) -> tuple[Any, str]:
     """Return `value` as it will read back from JSON, and its JSON; or raise InvalidPayload."""
     if value is None:  # most tasks' return value
         return None, "null"
-    if not value and (empty := _EMPTY.get(type(value))):
+    # The type first: the truth of an unknown object may raise or query (an array, a QuerySet).
+    if (empty := _EMPTY.get(type(value))) and not value:
         return type(value)(), empty
     try:
         try:

@@ -18,6 +18,7 @@ from django.utils import timezone
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import InvalidPayload
 from django_jobstate.models import Job
+from django_jobstate.payload import encode_payload
 from django_jobstate.states import State
 from django_jobstate.tasksapi import (
     FRAMEWORK,
@@ -260,6 +261,23 @@ def test_bulk_enqueue_sends_task_enqueued_for_each_call_to_a_receiver():
 
 
 # Bad input writes nothing
+
+
+def test_a_payload_is_known_by_its_type_before_its_truth_is_asked():
+    """An empty list or dict needs no encoding; anything else's truth may raise or query."""
+
+    class Ambiguous:  # an array, a QuerySet...
+        def __bool__(self) -> bool:
+            raise ValueError("the truth value is ambiguous")
+
+    class Items(list):
+        pass
+
+    with pytest.raises(InvalidPayload, match="must be JSON: Object of type Ambiguous"):
+        encode_payload(Ambiguous(), "The task's return value")
+    assert encode_payload(Items(), "Task arguments") == ([], "[]")
+    assert type(encode_payload(Items(), "Task arguments")[0]) is list
+    assert encode_payload({}, "Task keyword arguments") == ({}, "{}")
 
 
 @pytest.mark.parametrize(
