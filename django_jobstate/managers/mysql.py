@@ -173,16 +173,22 @@ class MySQLWrites(Writes):
         now, now_params = now_sql(connection)
         unique = template.unique_scope is not None
         names = PER_CALL if unique else PER_CALL[:3]
-        values, params = [], []
+        # Every row's SQL is the template's, its parameters the template's with the call's
+        # own in their places: the fields are walked once, not once per row.
+        stand_ins = [object() for _ in names]
+        per_call = {n: ("%s", [s]) for n, s in zip(names, stand_ins, strict=True)}
+        columns, selected, template_params = self._values(
+            connection, template, per_call, now, now_params
+        )
+        at = [next(i for i, p in enumerate(template_params) if p is s) for s in stand_ins]
+        params = []
         for result_id, _, args, _, kwargs, key in rows:
-            call = [result_id.hex, args, kwargs, key]
-            per_call = {n: ("%s", [v]) for n, v in zip(names, call, strict=False)}
-            columns, selected, row_params = self._values(
-                connection, template, per_call, now, now_params
-            )
-            values.append(f"({', '.join(selected)})")
+            row_params = list(template_params)
+            for i, value in zip(at, (result_id.hex, args, kwargs, key), strict=False):
+                row_params[i] = value
             params += row_params
-        sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join(values)}"
+        values = ", ".join([f"({', '.join(selected)})"] * len(rows))
+        sql = f"INSERT INTO {table} ({', '.join(columns)}) VALUES {values}"
         if unique:
             sql += f" ON DUPLICATE KEY UPDATE {qn('id')} = {qn('id')}"
         field = self.model._meta.get_field("result_id")  # char(32), or MariaDB's uuid
