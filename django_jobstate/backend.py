@@ -20,6 +20,7 @@ from .task_options import JobStateTask as JobStateTask  # the public path of the
 from .task_options import validate_options, validate_queue, with_settings
 from .task_options.plan import Plan, Plans, make_plan
 from .task_results import EnqueuedResults, to_task_result
+from .task_results import JobStateTaskResult as JobStateTaskResult  # its public path before
 from .tasksapi import (
     BaseTaskBackend,
     Task,

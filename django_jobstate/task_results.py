@@ -121,8 +121,8 @@ class EnqueuedResults(Sequence[TaskResult]):
             return [self[i] for i in range(len(self._jobs))[index]]
         i = range(len(self._jobs))[index]  # negative indexes, and IndexError past the end
         result = self._built.get(i)
-        if result is None:
-            result = self._built[i] = to_task_result([self._jobs[i]], self._task)
+        if result is None:  # setdefault: two threads reading it first share one result
+            result = self._built.setdefault(i, to_task_result([self._jobs[i]], self._task))
         return result
 
     def __iter__(self) -> Iterator[TaskResult]:
@@ -134,6 +134,9 @@ class EnqueuedResults(Sequence[TaskResult]):
         return NotImplemented
 
     __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+
+    def __reduce__(self) -> tuple[Any, ...]:  # __slots__ alone pickles from protocol 2 only
+        return (EnqueuedResults, (self._jobs, self._task, self._built))
 
     def __repr__(self) -> str:
         return f"<EnqueuedResults: {len(self)} tasks>"

@@ -8,7 +8,7 @@ unique task's key), and only then run or kept.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from django.utils import timezone
@@ -60,6 +60,16 @@ class JobStateRules(BaseTaskBackend):
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
         return super().enqueue(enforce(self, task, args, kwargs), list(args), kwargs)
+
+    def bulk_enqueue(
+        self, task: Task, calls: Iterable[tuple[Sequence[Any], dict[str, Any]]]
+    ) -> list[TaskResult]:
+        """JobStateBackend.bulk_enqueue(): every call checked before any is enqueued (all or
+        none), then each enqueued (and run, by ImmediateBackend) in order."""
+        calls = list(calls)
+        for args, kwargs in calls:
+            enforce(self, task, args, kwargs)
+        return [self.enqueue(task, args, kwargs) for args, kwargs in calls]
 
 
 class ImmediateBackend(JobStateRules, DjangoImmediateBackend):

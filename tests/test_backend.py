@@ -1,6 +1,7 @@
 """The django.tasks adapter: enqueue as a Job row, get_result as a view over attempts."""
 
 import os
+import pickle
 import re
 import subprocess
 import sys
@@ -499,6 +500,7 @@ def test_bulk_enqueue_builds_each_result_when_it_is_first_read():
     with pytest.raises(IndexError):
         results[3]
     assert repr(results) == "<EnqueuedResults: 3 tasks>"
+    assert pickle.loads(pickle.dumps(results, protocol=1)) == results  # as a list pickled
 
 
 @pytest.mark.django_db

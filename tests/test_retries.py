@@ -9,12 +9,12 @@ from datetime import timedelta
 import pytest
 from django.test import override_settings
 
-from django_jobstate.backend import to_task_result
 from django_jobstate.exceptions import DoNotRetry, Snooze, SnoozeLimitReached
 from django_jobstate.models import Job
 from django_jobstate.states import FailureReason, State
 from django_jobstate.task_options import JobStateTask, with_settings
 from django_jobstate.task_options.retries import decide, retry_after
+from django_jobstate.task_results import to_task_result
 from django_jobstate.tasksapi import InvalidTask, TaskResultStatus, task, task_finished
 from tests import retry_tasks, tasks
 from tests.factories import JobFactory

@@ -91,6 +91,23 @@ def test_the_test_backends_accept_every_option_and_third_party_tasks(backend):
     ]
 
 
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_every_backend_enqueues_in_bulk_all_or_none(backend):
+    with using(backend):
+        bulk = task_backends["default"].bulk_enqueue
+        refused = outcome(lambda: bulk(tasks.record, [(["a"], {}), ([{1, 2}], {})]))
+        results = bulk(tasks.record, [(["b"], {}), ([], {"label": "c"})])
+        kept = getattr(task_backends["default"], "results", None)  # DummyBackend's
+
+    assert refused is not None
+    assert kept is None or [r.args for r in kept] == [["b"], []]
+    assert refused[0] == "InvalidPayload"
+    assert [(r.args, r.kwargs) for r in results] == [(["b"], {}), ([], {"label": "c"})]
+    ran = list(Execution.objects.values_list("label", flat=True))
+    assert ran == (["b", "c"] if "Immediate" in backend else [])
+    assert Job.objects.count() == (2 if backend == BACKENDS[0] else 0)
+
+
 def test_dummy_backend_runs_nothing_and_keeps_what_was_enqueued():
     with using("django_jobstate.backend.DummyBackend"):
         result = tasks.record.using(queue_name="emails").enqueue("kept")

@@ -93,8 +93,8 @@ def continuous_lines(load: dict[str, Any], sizes: Any) -> list[str]:
         )
     for key, run in load["runs"].items():
         if key.endswith("-50%"):  # the issue's latency target, at half the rate sustained
-            met = run["p50"] is not None and run["p99"] is not None
-            met = met and run["p50"] < 5 and run["p99"] < 50
+            p50, p99 = run["p50"], run["p99"]
+            met = None if p50 is None or p99 is None else p50 < 5 and p99 < 50
             floor = batch_floor(run, load["drain"])
             out.append(
                 f"- {key}: pickup p50 < 5 ms and p99 < 50 ms: {verdict(met)}"
@@ -106,13 +106,13 @@ def continuous_lines(load: dict[str, Any], sizes: Any) -> list[str]:
 
 
 def batch_floor(run: dict[str, Any], drain: float | None) -> float | None:
-    """The least pickup p50 (ms) a bulk run's batches allow: a batch of rate x BULK_EVERY
-    jobs is due at once, and the workers take its jobs one after another at their no-op
+    """The least pickup p50 (ms) a bulk run's batches allow: a batch of the rate enqueued x
+    BULK_EVERY jobs is due at once, and the workers take its jobs one after another at their no-op
     drain's rate at best, so the batch's middle job waits half the batch's length. None for
     jobs enqueued one by one (no such floor)."""
     if run["mode"] != "bulk" or not drain:
         return None
-    return run["rate"] * BULK_EVERY / (2 * drain) * 1000
+    return run["fed_rate"] * BULK_EVERY / (2 * drain) * 1000
 
 
 def pressure_lines(pressure: dict[str, Any], sizes: Any) -> list[str]:
