@@ -9,7 +9,8 @@ if its error can pass (connection_lost()). Those may wait on a row lock; the hea
 its workers must not, so they come from a thread of the monitor's own (liveness.Heart). An error
 that cannot (a constraint, a trigger) would stop every write behind it for good: the write
 is logged with its cause and dropped (an attempt the database refuses to fail as lost
-fails with that refusal instead: Settle.fail_refused()).
+fails with that refusal instead: Settle.fail_refused()), and so is a write that raises
+anything else (a bug); the thread itself outlives any exception, saying so in the log.
 """
 
 from __future__ import annotations
@@ -121,16 +122,27 @@ class Monitor(threading.Thread):
         next_rescue = time.monotonic()
         try:
             while True:
-                self._write_pending(close_connection)
-                if self._done.is_set() and not self._pending:
-                    return
-                rescue = time.monotonic() >= next_rescue
-                if rescue:
-                    next_rescue = time.monotonic() + interval
-                    self.pulse.rescue(list(self.supervisor.workers))
-                if rescue or self._cancels_now:
-                    self._cancels_now = False
-                    pass_cancel_requests(self.supervisor.ledgers, self.pulse.name)
+                try:
+                    self._write_pending(close_connection)
+                    if self._done.is_set() and not self._pending:
+                        return
+                    rescue = time.monotonic() >= next_rescue
+                    if rescue:
+                        next_rescue = time.monotonic() + interval
+                        self.pulse.rescue(list(self.supervisor.workers))
+                    if rescue or self._cancels_now:
+                        self._cancels_now = False
+                        pass_cancel_requests(self.supervisor.ledgers, self.pulse.name)
+                except Exception:
+                    # A bug, or something no database error covers: ended here, the thread
+                    # would leave every later settle, rescue and cancel undone until a
+                    # restart. Said, and tried again at the next turn.
+                    logger.exception(
+                        "The supervisor's monitor failed; it goes on",
+                        extra={"event": "supervisor.monitor_failed"},
+                    )
+                    close_connection()
+                    self._done.wait(min(1.0, interval))
                 self._wake.wait(max(0.0, next_rescue - time.monotonic()))
                 self._wake.clear()
         finally:
@@ -159,6 +171,13 @@ class Monitor(threading.Thread):
                     exc,
                     exc_info=True,
                     extra={"event": "supervisor.write_refused"},
+                )
+            except Exception as exc:  # a bug: it too would fail again, and hold up the rest
+                logger.error(
+                    "A write of the supervisor failed; dropped: %r",
+                    exc,
+                    exc_info=True,
+                    extra={"event": "supervisor.write_failed"},
                 )
             with self._lock:
                 self._pending.pop(0)
