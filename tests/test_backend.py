@@ -11,13 +11,14 @@ from functools import partial
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
-from django.db import connection
+from django.db import DatabaseError, connection, transaction
 from django.test import modify_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import InvalidPayload
+from django_jobstate.managers import insert
 from django_jobstate.models import Job
 from django_jobstate.payload import encode_payload
 from django_jobstate.states import State
@@ -526,6 +527,47 @@ def test_bulk_enqueue_is_all_or_nothing():
         default_task_backend.bulk_enqueue(record, calls)
 
     assert not Job.objects.exists()
+
+
+@pytest.fixture
+def refuse_boom():
+    """A trigger of the test database's that refuses a job whose first argument is "boom"."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION refuse_boom() RETURNS trigger AS $$ BEGIN "
+            "IF NEW.args ->> 0 = 'boom' THEN RAISE EXCEPTION 'refused: boom'; END IF; "
+            "RETURN NEW; END $$ LANGUAGE plpgsql"
+        )
+        cursor.execute(
+            "CREATE TRIGGER refuse_boom BEFORE INSERT ON django_jobstate_job "
+            "FOR EACH ROW EXECUTE FUNCTION refuse_boom()"
+        )
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER refuse_boom ON django_jobstate_job")
+        cursor.execute("DROP FUNCTION refuse_boom()")
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a PL/pgSQL trigger")
+@pytest.mark.django_db(transaction=True)
+def test_a_bulk_enqueue_refused_by_a_later_statement_writes_nothing(monkeypatch, refuse_boom):
+    """PostgreSQL sends every chunk's INSERT before reading any back (pipeline mode): a
+    refusal of the third still raises Django's error, and nothing stays written, whether
+    bulk_enqueue() is the transaction or a part of the caller's."""
+    monkeypatch.setattr(insert, "ENQUEUE_CHUNK", 2)
+    calls = [(["a"], {}), (["b"], {}), (["c"], {}), (["d"], {}), (["boom"], {})]
+
+    with pytest.raises(DatabaseError, match="refused: boom"):
+        default_task_backend.bulk_enqueue(record, calls)
+    assert not Job.objects.exists()
+
+    with transaction.atomic():
+        with pytest.raises(DatabaseError, match="refused: boom"):
+            default_task_backend.bulk_enqueue(record, calls)
+        results = default_task_backend.bulk_enqueue(record, [(["x"], {}), (["y"], {})] * 2)
+
+    assert sorted(Job.objects.values_list("args", flat=True)) == [["x"], ["x"], ["y"], ["y"]]
+    assert {get_result(job).id for job in Job.objects.all()} == {r.id for r in results}
 
 
 @pytest.mark.django_db

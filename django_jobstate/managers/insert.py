@@ -3,6 +3,7 @@ parameter (enqueue.py builds the template they share; unique.py and limits.py ad
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -53,10 +54,7 @@ class Inserts(MySQLWrites):
         holders = {}
         for chunk in _chunks(rows):
             written, held, times = self._insert(db, template, chunk, lock_held)
-            for result_id, pk in written.items():
-                job = by_result_id[result_id]
-                job.pk = pk
-                job.run_after, job.enqueued_at = times
+            _give(by_result_id, written, times)
             holders.update(held)
         return holders
 
@@ -96,13 +94,53 @@ class Inserts(MySQLWrites):
 
         Returns {result_id hex: id} of the rows written, {unique key: id} of the live rows
         that held the others' keys (with `lock_held` only), and the run_after and
-        enqueued_at stored (the same for every row written by one statement). One row is a
-        plain INSERT ... VALUES, which PostgreSQL plans faster; several are selected from
-        one JSON array of [result_id, args, kwargs, unique key].
+        enqueued_at stored (the same for every row written by one statement).
         """
         connection = connections[db]
         if connection.vendor == "mysql":
             return self._insert_mysql(db, template, rows, lock_held)
+        with connection.cursor() as cursor:
+            cursor.execute(*self._insert_sql(connection, template, rows, lock_held))
+            returned = cursor.fetchall()
+        return self._returned(connection, template, rows, returned)
+
+    def _insert_pipelined(
+        self, db: str, template: Job, rows: list[Row], build: Callable[[], list[Job]]
+    ) -> list[Job]:
+        """_insert_all() of the Jobs `build()` makes, on PostgreSQL with psycopg 3: every
+        chunk's INSERT is sent first (pipeline mode), and the Jobs are built, and each
+        chunk's rows read back, while the server writes the next ones. Sent and read one
+        after the other, the client waited 10-11 us a job on the server, a third of a bulk
+        enqueue, and the server as long on the client."""
+        connection = connections[db]
+        chunks = _chunks(rows)
+        with nullcontext() if len(chunks) == 1 else transaction.atomic(using=db):
+            connection.ensure_connection()
+            with connection.connection.pipeline():
+                sent = []
+                for chunk in chunks:
+                    cursor = connection.cursor()
+                    cursor.execute(*self._insert_sql(connection, template, chunk))
+                    sent.append((cursor, chunk))
+                jobs = build()
+                by_result_id = {job.result_id.hex: job for job in jobs}
+                for cursor, chunk in sent:
+                    with cursor:
+                        returned = cursor.fetchall()
+                    written, _, times = self._returned(connection, template, chunk, returned)
+                    _give(by_result_id, written, times)
+        return jobs
+
+    def _insert_sql(
+        self,
+        connection: BaseDatabaseWrapper,
+        template: Job,
+        rows: list[Row],
+        lock_held: bool = False,
+    ) -> tuple[str, list[Any]]:
+        """_insert()'s statement and parameters on PostgreSQL and SQLite. One row is a plain
+        INSERT ... VALUES, which PostgreSQL plans faster; several are selected from one JSON
+        array of [result_id, args, kwargs, unique key]."""
         qn = connection.ops.quote_name
         now, now_params = now_sql(connection)
         unique = template.unique_scope is not None
@@ -146,9 +184,12 @@ class Inserts(MySQLWrites):
             f"INSERT INTO {qn(self.model._meta.db_table)} ({', '.join(columns)}) {row} "
             f"RETURNING {returning}"
         )
-        with connection.cursor() as cursor:
-            cursor.execute(sql, [*params, *source_params])
-            returned = cursor.fetchall()
+        return sql, [*params, *source_params]
+
+    def _returned(
+        self, connection: BaseDatabaseWrapper, template: Job, rows: list[Row], returned: Any
+    ) -> tuple[dict[str, int], dict[str, int], tuple[datetime, datetime]]:
+        """_insert()'s answer from the rows its statement returned."""
         # result_id reads back as a UUID on PostgreSQL, as its hex on SQLite.
         written, held, times = {}, {}, (template.run_after, template.enqueued_at)
         sent = {row[0].hex for row in rows}
@@ -162,6 +203,23 @@ class Inserts(MySQLWrites):
         run_after = from_db(connection, meta.get_field("run_after"), times[0])
         enqueued_at = from_db(connection, meta.get_field("enqueued_at"), times[1])
         return written, held, (run_after, enqueued_at)
+
+
+def pipelined(connection: BaseDatabaseWrapper) -> bool:
+    """Whether statements can be sent ahead of their results (_insert_pipelined())."""
+    if connection.vendor != "postgresql":
+        return False
+    from django.db.backends.postgresql.psycopg_any import is_psycopg3  # psycopg2 has none
+
+    return is_psycopg3
+
+
+def _give(by_result_id: dict[str, Job], written: dict[str, int], times: tuple[Any, Any]) -> None:
+    """Give the Jobs of the rows written their ids and the times stored."""
+    for result_id, pk in written.items():
+        job = by_result_id[result_id]
+        job.pk = pk
+        job.run_after, job.enqueued_at = times
 
 
 def _chunks(rows: list[Row]) -> list[list[Row]]:

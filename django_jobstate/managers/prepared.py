@@ -27,6 +27,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db.notify import NOTIFY
 from .base import PER_CALL, built_directly, instance, now_sql
+from .insert import pipelined
 from .unique import Row
 
 if TYPE_CHECKING:
@@ -111,6 +112,7 @@ class PreparedInserts:
     model: type[Job]
     _values: Callable[..., tuple[list[str], list[str], list[Any]]]
     _insert_all: Callable[[str, Job, list[Row], list[Job]], list[Job]]
+    _insert_pipelined: Callable[[str, Job, list[Row], Callable[[], list[Job]]], list[Job]]
 
     def _prepared(self, db: str, task_path: str, options: dict[str, Any]) -> Prepared:
         cache: dict[tuple[Any, ...], Prepared] = self.__dict__.setdefault("_prepared_cache", {})
@@ -162,16 +164,21 @@ class PreparedInserts:
     ) -> list[Job]:
         """enqueue_many() of jobs with no key, time or schedule: `rows` as _rows() makes."""
         prepared = self._prepared(db, task_path, options)
-        build = prepared.build
-        jobs = [build(result_id, args, kwargs, key) for result_id, args, _, kwargs, _, key in rows]
+
+        def build() -> list[Job]:
+            make = prepared.build
+            return [make(result_id, a, k, key) for result_id, a, _, k, _, key in rows]
+
         if len(rows) == 1 and prepared.sql is not None:
             [(result_id, _, args, _, kwargs, _)] = rows
-            [job] = jobs
+            [job] = jobs = build()
             job.pk, job.run_after, job.enqueued_at = self._insert_one(
                 db, prepared, result_id, args, kwargs
             )
             return jobs
-        return self._insert_all(db, prepared.template, rows, jobs)
+        if pipelined(connections[db]):
+            return self._insert_pipelined(db, prepared.template, rows, build)
+        return self._insert_all(db, prepared.template, rows, build())
 
     def _insert_one(
         self, db: str, prepared: Prepared, result_id: Any, args: str, kwargs: str
