@@ -12,6 +12,7 @@ from functools import partial
 import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import DatabaseError, connection, transaction
+from django.db.models.signals import post_init
 from django.test import modify_settings
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
@@ -525,6 +526,25 @@ def test_bulk_enqueue_is_all_or_nothing():
 
     with pytest.raises(InvalidPayload, match="Task arguments must be JSON"):
         default_task_backend.bulk_enqueue(record, calls)
+
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bulk_enqueue_whose_jobs_cannot_be_built_writes_nothing():
+    """On PostgreSQL the Jobs are built after the rows were sent (pipeline mode): a build
+    that raises (here a post_init receiver of the project's) must leave none written."""
+
+    def refuse(sender, instance, **kwargs):
+        if instance.args == ["boom"]:
+            raise RuntimeError("refused: boom")
+
+    post_init.connect(refuse, sender=Job)
+    try:
+        with pytest.raises(RuntimeError, match="refused: boom"):
+            default_task_backend.bulk_enqueue(record, [(["a"], {}), (["boom"], {})])
+    finally:
+        post_init.disconnect(refuse, sender=Job)
 
     assert not Job.objects.exists()
 
