@@ -95,7 +95,7 @@ class JobStateBackend(BaseTaskBackend):
         # Django's receiver logs each at DEBUG: the signal is sent only if anything hears it.
         announce = audible(task_enqueued, type(self), logging.DEBUG)
         built: dict[int, TaskResult] = {}  # the rest are built when read (EnqueuedResults)
-        for i, job in enumerate(jobs):
+        for i, job in enumerate(jobs) if plan.unique or announce else ():
             if job.deduplicated:  # the live task that holds the key, with all its attempts
                 attempts = (
                     [job] if job.attempt == 1 else list(Job.objects.attempts_of(job.result_id))
@@ -127,7 +127,7 @@ class JobStateBackend(BaseTaskBackend):
         calls: list[tuple[Sequence[Any], dict[str, Any]]],
         trace_context: dict[str, Any] | None,
         links: Any = None,  # managers.deps.Links: depends_on, or a workflow's step
-    ) -> list[Job]:
+    ) -> Sequence[Job]:
         from .managers.deps import Links, as_result_ids
         from .models import Job
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, cast, overload
+from typing import TYPE_CHECKING, Any, cast
 
+from .built_on_read import BuiltOnRead
 from .loading import load_task
 from .states import FailureReason, State
 from .task_options import with_settings
@@ -94,46 +95,21 @@ def as_enqueued(task: Task, first: Job, newest: Job) -> Task:
     )
 
 
-class EnqueuedResults(Sequence[TaskResult]):
-    """bulk_enqueue()'s results: one per call, in the calls' order, each built when first read.
+class EnqueuedResults(BuiltOnRead[TaskResult]):
+    """bulk_enqueue()'s results: one per call, in the calls' order, each built when first
+    read (built_on_read.py): what to_task_result() gives for its job as enqueued."""
 
-    A bulk enqueue's caller seldom reads its thousands of results, and building them was 40%
-    of its time (bench/benchmark/enqueue_cost.py). Each one read is what to_task_result()
-    gives for its job as enqueued; equal to a list or tuple of the same results.
-    """
+    __slots__ = ("_jobs", "_task")
 
-    __slots__ = ("_built", "_jobs", "_task")
-
-    def __init__(self, jobs: list[Job], task: Task, built: dict[int, TaskResult]) -> None:
-        self._jobs, self._task, self._built = jobs, task, built  # built: those read already
+    def __init__(self, jobs: Sequence[Job], task: Task, built: dict[int, TaskResult]) -> None:
+        super().__init__(built)
+        self._jobs, self._task = jobs, task
 
     def __len__(self) -> int:
         return len(self._jobs)
 
-    @overload
-    def __getitem__(self, index: int) -> TaskResult: ...
-
-    @overload
-    def __getitem__(self, index: slice) -> list[TaskResult]: ...
-
-    def __getitem__(self, index: int | slice) -> TaskResult | list[TaskResult]:
-        if isinstance(index, slice):
-            return [self[i] for i in range(len(self._jobs))[index]]
-        i = range(len(self._jobs))[index]  # negative indexes, and IndexError past the end
-        result = self._built.get(i)
-        if result is None:  # setdefault: two threads reading it first share one result
-            result = self._built.setdefault(i, to_task_result([self._jobs[i]], self._task))
-        return result
-
-    def __iter__(self) -> Iterator[TaskResult]:
-        return (self[i] for i in range(len(self._jobs)))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, EnqueuedResults | list | tuple):
-            return list(self) == list(other)
-        return NotImplemented
-
-    __hash__ = None  # type: ignore[assignment]  # mutable, like a list
+    def _build(self, i: int) -> TaskResult:
+        return to_task_result([self._jobs[i]], self._task)
 
     def __reduce__(self) -> tuple[Any, ...]:  # __slots__ alone pickles from protocol 2 only
         return (EnqueuedResults, (self._jobs, self._task, self._built))

@@ -22,6 +22,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "conf",
             "db.clock",
             "payload",
+            "built_on_read",
             "uniqueness",
             "limits",
             "tasksapi",

@@ -122,12 +122,13 @@ def built_directly(model: type[models.Model]) -> bool:
 
 def instance[M: models.Model](model: type[M], db: str, attrs: dict[str, Any]) -> M:
     """What Model.__init__ and from_db() leave behind, `attrs` being every concrete field's
-    value by attname, without walking the fields (a fifth of building a claimed batch)."""
+    value by attname, without walking the fields (a fifth of building a claimed batch).
+    `attrs` becomes the instance's __dict__: give a dict of its own."""
     built = model.__new__(model)
     state = ModelState()
     state.adding, state.db = False, db
-    built.__dict__.update(attrs)
-    built.__dict__["_state"] = state
+    attrs["_state"] = state
+    built.__dict__ = attrs  # a quarter of the time of copying it into the new instance's
     return built
 
 

@@ -14,16 +14,16 @@ from ..payload import encode_payload
 from ..uniqueness import UniqueScope
 from .base import uuid7
 from .deps import Dependencies, Links
-from .insert import Inserts
 from .limits import Limits
+from .pipelined import PipelinedInserts
 from .prepared import PreparedInserts, job_builder
-from .unique import EnqueueUnique, Row
+from .unique import Call, EnqueueUnique, Row
 
 if TYPE_CHECKING:
     from ..models import Job
 
 
-class Enqueue(EnqueueUnique, Inserts, Limits, PreparedInserts, Dependencies):
+class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependencies):
     def enqueue(
         self,
         task_path: str,
@@ -60,8 +60,10 @@ class Enqueue(EnqueueUnique, Inserts, Limits, PreparedInserts, Dependencies):
         concurrency_limit: int | None = None,
         rate_limit: str | None = None,
         links: Links | None = None,
-    ) -> list[Job]:
+    ) -> Sequence[Job]:
         """Create the first attempts of several calls of one task: all of them, or none.
+        Returns their Jobs in the calls' order: a list, or on PostgreSQL with psycopg 3 a
+        sequence that builds each when first read (pipelined.py).
 
         One INSERT ... SELECT per chunk of calls (insert.py), whose rows differ only in result_id,
         args and kwargs: they travel as one JSON parameter, the rest as one parameter each
@@ -96,7 +98,7 @@ class Enqueue(EnqueueUnique, Inserts, Limits, PreparedInserts, Dependencies):
         plain = unique_keys is None and concurrency_keys is None and rate_limit is None
         plain = plain and run_after is None and links is None
         if plain and trace_context is None and schedule_name is None and scheduled_for is None:
-            return self._enqueue_plain(db, task_path, options, self._rows(calls, keys))
+            return self._enqueue_plain(db, task_path, options, calls)
         # Without run_after (and enqueued_at), the INSERT takes them from its clock.
         template = self.model(
             task_path=task_path,
@@ -149,10 +151,10 @@ class Enqueue(EnqueueUnique, Inserts, Limits, PreparedInserts, Dependencies):
         return self._insert_all(db, template, rows, jobs)
 
     @staticmethod
-    def _rows(
-        calls: list[tuple[Sequence[Any], dict[str, Any]]], keys: Sequence[str | None]
-    ) -> list[Row]:
+    def _rows(calls: list[Call], keys: Sequence[str | None] | None = None) -> list[Row]:
         """Each call's result id, arguments (as read back, and as JSON) and unique key."""
+        if keys is None:
+            keys = [None] * len(calls)
         return [
             (
                 uuid7(),

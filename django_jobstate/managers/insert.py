@@ -3,7 +3,6 @@ parameter (enqueue.py builds the template they share; unique.py and limits.py ad
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -104,45 +103,21 @@ class Inserts(MySQLWrites):
             returned = cursor.fetchall()
         return self._returned(connection, template, rows, returned)
 
-    def _insert_pipelined(
-        self, db: str, template: Job, rows: list[Row], build: Callable[[], list[Job]]
-    ) -> list[Job]:
-        """_insert_all() of the Jobs `build()` makes, on PostgreSQL with psycopg 3: every
-        chunk's INSERT is sent before any is read back (pipeline mode), and the Jobs are
-        built while the server writes the rows. Sent and read one after the other, the
-        client waited 10-11 us a job on the server, a third of a bulk enqueue.
-
-        Always in a transaction (one round trip more): the Jobs are built after the rows
-        were sent, and a build that raises must leave none written. The cursors are made
-        before the pipeline, so that Django's health check of a persistent connection (at
-        its first cursor) is answered, not queued; psycopg's own errors, at the pipeline's
-        start and end, come out as Django's."""
-        connection = connections[db]
-        chunks = _chunks(rows)
-        with transaction.atomic(using=db):
-            cursors = [connection.cursor() for _ in chunks]
-            with connection.wrap_database_errors, connection.connection.pipeline():
-                for cursor, chunk in zip(cursors, chunks, strict=True):
-                    cursor.execute(*self._insert_sql(connection, template, chunk))
-                jobs = build()
-                by_result_id = {job.result_id.hex: job for job in jobs}
-                for cursor, chunk in zip(cursors, chunks, strict=True):
-                    with cursor:
-                        returned = cursor.fetchall()
-                    written, _, times = self._returned(connection, template, chunk, returned)
-                    _give(by_result_id, written, times)
-        return jobs
-
     def _insert_sql(
         self,
         connection: BaseDatabaseWrapper,
         template: Job,
         rows: list[Row],
         lock_held: bool = False,
+        collected: bool = False,
     ) -> tuple[str, list[Any]]:
         """_insert()'s statement and parameters on PostgreSQL and SQLite. One row is a plain
         INSERT ... VALUES, which PostgreSQL plans faster; several are selected from one JSON
-        array of [result_id, args, kwargs, unique key]."""
+        array of [result_id, args, kwargs, unique key].
+
+        `collected` (PostgreSQL, no unique key): the statement answers with one row, the
+        clock the rows took their times from and the ids in the order of the rows (as
+        RETURNING gives them, which Django's bulk_create() relies on too)."""
         qn = connection.ops.quote_name
         now, now_params = now_sql(connection)
         unique = template.unique_scope is not None
@@ -176,7 +151,9 @@ class Inserts(MySQLWrites):
         if unique:
             scope = UniqueScope(cast(str, template.unique_scope))
             row += self._on_conflict(connection, scope, lock_held)
-        returned_names = ("id", "result_id", *_CLOCKED, *(["unique_key"] if unique else []))
+        returned_names = (
+            ("id",) if collected else ("id", "result_id", *_CLOCKED, *(["unique_key"] * unique))
+        )
         returning = ", ".join(qn(name) for name in returned_names)
         if connection.vendor == "postgresql":
             # Wake listening workers when this commits (wakeup.py). Per row, but PostgreSQL
@@ -186,6 +163,9 @@ class Inserts(MySQLWrites):
             f"INSERT INTO {qn(self.model._meta.db_table)} ({', '.join(columns)}) {row} "
             f"RETURNING {returning}"
         )
+        if collected:  # the rows' times are the clock of this statement (_values())
+            sql = f"WITH written AS ({sql}) SELECT {now}, array_agg(id) FROM written"
+            return sql, [*params, *source_params, *now_params]
         return sql, [*params, *source_params]
 
     def _returned(
@@ -205,19 +185,6 @@ class Inserts(MySQLWrites):
         run_after = from_db(connection, meta.get_field("run_after"), times[0])
         enqueued_at = from_db(connection, meta.get_field("enqueued_at"), times[1])
         return written, held, (run_after, enqueued_at)
-
-
-def pipelined(connection: BaseDatabaseWrapper) -> bool:
-    """Whether statements can be sent ahead of their results (_insert_pipelined())."""
-    if connection.vendor != "postgresql":
-        return False
-    from django.db.backends.postgresql.psycopg_any import is_psycopg3
-
-    if not is_psycopg3:  # psycopg2
-        return False
-    import psycopg
-
-    return psycopg.Pipeline.is_supported()  # libpq 14 or later
 
 
 def _give(by_result_id: dict[str, Job], written: dict[str, int], times: tuple[Any, Any]) -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import copy
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -27,8 +27,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db.notify import NOTIFY
 from .base import PER_CALL, built_directly, instance, now_sql
-from .insert import pipelined
-from .unique import Row
+from .pipelined import pipelined
+from .unique import Call, Row
 
 if TYPE_CHECKING:
     from ..models import Job
@@ -50,6 +50,7 @@ class Prepared:
     params: list[Any]  # its parameters, with the stand-ins above
     fill: list[tuple[int, object]]  # where each stand-in is in params
     read_time: Callable[[Any], datetime]  # a time read back, as the ORM would give it
+    quiet: bool  # `build` sends no signal and runs no code of the model's: may be put off
 
 
 def job_builder(model: type[Job], db: str, template: Job) -> Builder:
@@ -71,12 +72,13 @@ def job_builder(model: type[Job], db: str, template: Job) -> Builder:
         return through_init
     shared = dict(zip(fields, values, strict=True))
     metadata = shared["metadata"]
-    names = [fields[i] for i in per_call]
+    at_result_id, at_args, at_kwargs, at_key = (fields[i] for i in per_call)
 
     def direct(result_id: Any, args: Any, kwargs: Any, key: str | None) -> Job:
         attrs = dict(shared)
         attrs["metadata"] = copy.deepcopy(metadata) if metadata else {}
-        attrs.update(zip(names, (result_id, args, kwargs, key), strict=True))
+        attrs[at_result_id], attrs[at_args], attrs[at_kwargs] = result_id, args, kwargs
+        attrs[at_key] = key
         return instance(model, db, attrs)
 
     return direct
@@ -112,7 +114,8 @@ class PreparedInserts:
     model: type[Job]
     _values: Callable[..., tuple[list[str], list[str], list[Any]]]
     _insert_all: Callable[[str, Job, list[Row], list[Job]], list[Job]]
-    _insert_pipelined: Callable[[str, Job, list[Row], Callable[[], list[Job]]], list[Job]]
+    _insert_pipelined: Callable[..., Sequence[Job]]
+    _rows: Callable[[list[Call]], list[Row]]
 
     def _prepared(self, db: str, task_path: str, options: dict[str, Any]) -> Prepared:
         cache: dict[tuple[Any, ...], Prepared] = self.__dict__.setdefault("_prepared_cache", {})
@@ -157,28 +160,34 @@ class PreparedInserts:
             params=params,
             fill=fill,
             read_time=time_reader(connection, self.model),
+            quiet=built_directly(self.model),
         )
 
     def _enqueue_plain(
-        self, db: str, task_path: str, options: dict[str, Any], rows: list[Row]
-    ) -> list[Job]:
-        """enqueue_many() of jobs with no key, time or schedule: `rows` as _rows() makes."""
+        self, db: str, task_path: str, options: dict[str, Any], calls: list[Call]
+    ) -> Sequence[Job]:
+        """enqueue_many() of jobs with no key, time or schedule."""
         prepared = self._prepared(db, task_path, options)
+        make = prepared.build
 
-        def build() -> list[Job]:
-            make = prepared.build
-            return [make(result_id, a, k, key) for result_id, a, _, k, _, key in rows]
+        def build(row: Row) -> Job:
+            result_id, args, _, kwargs, _, key = row
+            return make(result_id, args, kwargs, key)
 
-        if len(rows) == 1 and prepared.sql is not None:
-            [(result_id, _, args, _, kwargs, _)] = rows
-            [job] = jobs = build()
+        if len(calls) == 1 and prepared.sql is not None:
+            [row] = self._rows(calls)
+            job = build(row)
+            result_id, _, args, _, kwargs, _ = row
             job.pk, job.run_after, job.enqueued_at = self._insert_one(
                 db, prepared, result_id, args, kwargs
             )
-            return jobs
+            return [job]
         if pipelined(connections[db]):
-            return self._insert_pipelined(db, prepared.template, rows, build)
-        return self._insert_all(db, prepared.template, rows, build())
+            return self._insert_pipelined(
+                db, prepared.template, calls, self._rows, build, prepared.quiet
+            )
+        rows = self._rows(calls)
+        return self._insert_all(db, prepared.template, rows, [build(row) for row in rows])
 
     def _insert_one(
         self, db: str, prepared: Prepared, result_id: Any, args: str, kwargs: str

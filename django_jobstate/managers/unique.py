@@ -7,6 +7,7 @@ import copy
 import random
 import time
 import uuid
+from collections.abc import Sequence
 from contextlib import nullcontext
 from typing import TYPE_CHECKING, Any, cast
 
@@ -30,6 +31,8 @@ UNIQUE_ROUNDS = 50
 # Tries of a unique enqueue that InnoDB rolled back for a lock conflict (_enqueue_unique()).
 LOCK_CONFLICT_TRIES = 10
 
+# One call of a task: its arguments and keyword arguments.
+Call = tuple[Sequence[Any], dict[str, Any]]
 # One call to insert: result_id, args, args as JSON, kwargs, kwargs as JSON, unique key.
 Row = tuple[uuid.UUID, Any, str, Any, str, str | None]
 

@@ -1,0 +1,140 @@
+"""A bulk enqueue on PostgreSQL with psycopg 3 (managers/pipelined.py): each chunk's INSERT
+is sent while the next chunk's rows are made, nothing is read back before the last is
+sent, and the Jobs are built when first read. Whatever fails after a chunk was sent
+leaves nothing written."""
+
+import pickle
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+from django.db.models.signals import post_init
+
+from django_jobstate.exceptions import InvalidPayload
+from django_jobstate.managers import pipelined
+from django_jobstate.managers.pipelined import EnqueuedJobs
+from django_jobstate.models import Job
+from django_jobstate.tasksapi import default_task_backend
+from tests.tasks import record
+
+postgres_only = pytest.mark.skipif(
+    not pipelined.pipelined(connection), reason="pipeline mode: PostgreSQL with psycopg 3"
+)
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    """Two calls a statement: a few calls are several statements, made and sent in turn."""
+    monkeypatch.setattr(pipelined, "PIPELINED_CHUNK", 2)
+
+
+@postgres_only
+@pytest.mark.django_db
+def test_the_jobs_are_built_when_first_read_as_they_were_written(small_chunks):
+    calls = [(["a"], {}), (["b"], {"n": 1}), ([], {}), (["d"], {}), (["e"], {})]
+
+    jobs = Job.objects.enqueue_many("tests.tasks.record", calls, priority=3)
+
+    assert isinstance(jobs, EnqueuedJobs)
+    assert jobs._built == {}  # nothing built that nobody reads
+    last = jobs[-1]
+    assert jobs[4] is last
+    assert jobs._built == {4: last}
+    stored = list(Job.objects.order_by("id"))
+    read = list(jobs)
+    assert [job.pk for job in read] == [row.pk for row in stored]
+    fields = [f.attname for f in Job._meta.concrete_fields]
+    assert [[getattr(j, f) for f in fields] for j in read] == [
+        [getattr(row, f) for f in fields] for row in stored
+    ]
+    assert all(not job._state.adding and job._state.db == "default" for job in read)
+    assert jobs[1:3] == read[1:3]
+    assert jobs == tuple(read)
+    assert repr(jobs) == "<EnqueuedJobs: 5 jobs>"
+    assert pickle.loads(pickle.dumps(jobs)) == read  # as the list it reads as
+
+
+@postgres_only
+@pytest.mark.django_db(transaction=True)
+def test_a_payload_refused_after_a_chunk_was_sent_writes_nothing(small_chunks):
+    calls = [(["a"], {}), (["b"], {}), (["c"], {}), ([{1, 2}], {})]
+
+    with pytest.raises(InvalidPayload, match="Task arguments must be JSON"):
+        default_task_backend.bulk_enqueue(record, calls)
+
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_bulk_enqueue_whose_jobs_cannot_be_built_writes_nothing(small_chunks):
+    """With a post_init receiver of the project's, the Jobs are built at once, each
+    chunk's after it was sent: a build that raises must leave none written."""
+
+    def refuse(sender, instance, **kwargs):
+        if instance.args == ["boom"]:
+            raise RuntimeError("refused: boom")
+
+    post_init.connect(refuse, sender=Job)
+    try:
+        with pytest.raises(RuntimeError, match="refused: boom"):
+            default_task_backend.bulk_enqueue(record, [(["a"], {})] * 3 + [(["boom"], {})])
+    finally:
+        post_init.disconnect(refuse, sender=Job)
+
+    assert not Job.objects.exists()
+
+
+@pytest.fixture
+def trigger(request):
+    """A BEFORE INSERT trigger of the test database's on the job table: for a job whose
+    first argument is "boom", `body` (PL/pgSQL)."""
+    body = request.param
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "CREATE FUNCTION on_boom() RETURNS trigger AS $$ BEGIN "
+            f"IF NEW.args ->> 0 = 'boom' THEN {body} END IF; "
+            "RETURN NEW; END $$ LANGUAGE plpgsql"
+        )
+        cursor.execute(
+            "CREATE TRIGGER on_boom BEFORE INSERT ON django_jobstate_job "
+            "FOR EACH ROW EXECUTE FUNCTION on_boom()"
+        )
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER on_boom ON django_jobstate_job")
+        cursor.execute("DROP FUNCTION on_boom()")
+
+
+CALLS = [(["a"], {}), (["b"], {}), (["c"], {}), (["d"], {}), (["boom"], {})]
+
+
+@postgres_only
+@pytest.mark.parametrize("trigger", ["RAISE EXCEPTION 'refused: boom';"], indirect=True)
+@pytest.mark.django_db(transaction=True)
+def test_a_bulk_enqueue_refused_by_a_later_statement_writes_nothing(small_chunks, trigger):
+    """A refusal of the third statement still raises Django's error, and nothing stays
+    written, whether bulk_enqueue() is the transaction or a part of the caller's."""
+    with pytest.raises(DatabaseError, match="refused: boom"):
+        default_task_backend.bulk_enqueue(record, CALLS)
+    assert not Job.objects.exists()
+
+    with transaction.atomic():
+        with pytest.raises(DatabaseError, match="refused: boom"):
+            default_task_backend.bulk_enqueue(record, CALLS)
+        results = default_task_backend.bulk_enqueue(record, [(["x"], {}), (["y"], {})] * 2)
+
+    assert sorted(Job.objects.values_list("args", flat=True)) == [["x"], ["x"], ["y"], ["y"]]
+    stored = {str(job.result_id) for job in Job.objects.all()}
+    assert stored == {result.id for result in results}
+
+
+@postgres_only
+@pytest.mark.parametrize("trigger", ["RETURN NULL;"], indirect=True)
+@pytest.mark.django_db(transaction=True)
+def test_a_bulk_enqueue_whose_row_a_trigger_skipped_writes_nothing(small_chunks, trigger):
+    """A BEFORE INSERT trigger that returns NULL skips its row without an error: the ids
+    read back would no longer line up with the calls, so the enqueue says so and undoes
+    every chunk."""
+    with pytest.raises(DatabaseError, match="1 of 2 jobs were written: a trigger on"):
+        default_task_backend.bulk_enqueue(record, [*CALLS, (["f"], {})])
+
+    assert not Job.objects.exists()
