@@ -18,7 +18,7 @@ from django.db.models.signals import post_init
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from django_jobstate.db.notify import CHANNEL
+from django_jobstate.db.notify import CHANNEL, queue_payload
 from django_jobstate.exceptions import LostRace
 from django_jobstate.managers import CancelOutcome, claim_key
 from django_jobstate.models import Job, JobQueue
@@ -535,8 +535,10 @@ def test_writes_that_make_a_job_runnable_now_wake_listening_workers(write, wakes
     try:
         if write == "enqueue":
             Job.objects.enqueue("tests.tasks.record", ["x"])
-        elif write == "enqueue_many":
-            Job.objects.enqueue_many("tests.tasks.record", [(["x"], {})] * 3)
+        elif write == "enqueue_many":  # on PostgreSQL's pipelined path: once per statement
+            [job, *_] = Job.objects.enqueue_many(
+                "tests.tasks.record", [(["x"], {})] * 3, priority=7
+            )
         elif write == "enqueue, rolled back":
             with contextlib.suppress(ZeroDivisionError), transaction.atomic():
                 Job.objects.enqueue("tests.tasks.record", ["x"])
@@ -548,6 +550,8 @@ def test_writes_that_make_a_job_runnable_now_wake_listening_workers(write, wakes
     finally:
         listener.close()
     assert bool(woken) is wakes
+    if write == "enqueue_many":
+        assert woken[0].payload == queue_payload("default", 7, job.run_after)
 
 
 def test_result_ids_are_time_ordered_uuids():
@@ -556,7 +560,9 @@ def test_result_ids_are_time_ordered_uuids():
     later = Job.objects.enqueue_many("tests.tasks.record", [(["y"], {})] * 50)
 
     assert {job.result_id.version for job in [first, *later]} == {7}
+    assert {job.result_id.variant for job in [first, *later]} == {uuid.RFC_4122}
     assert all(first.result_id < job.result_id for job in later)
+    assert [job.result_id for job in later] == sorted(job.result_id for job in later)
     assert len({job.result_id for job in later}) == 50
 
 

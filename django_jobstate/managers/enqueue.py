@@ -12,7 +12,7 @@ from django.db import router
 from ..limits.concurrency import Hold
 from ..payload import encode_payload
 from ..uniqueness import UniqueScope
-from .base import uuid7
+from .base import uuid7s
 from .deps import Dependencies, Links
 from .limits import Limits
 from .pipelined import PipelinedInserts
@@ -157,10 +157,10 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
             keys = [None] * len(calls)
         return [
             (
-                uuid7(),
+                result_id,
                 *encode_payload(list(args), "Task arguments"),
                 *encode_payload(dict(kwargs), "Task keyword arguments"),
                 key,
             )
-            for (args, kwargs), key in zip(calls, keys, strict=True)
+            for result_id, (args, kwargs), key in zip(uuid7s(len(calls)), calls, keys, strict=True)
         ]

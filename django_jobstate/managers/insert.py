@@ -115,9 +115,10 @@ class Inserts(MySQLWrites):
         INSERT ... VALUES, which PostgreSQL plans faster; several are selected from one JSON
         array of [result_id, args, kwargs, unique key].
 
-        `collected` (PostgreSQL, no unique key): the statement answers with one row, the
-        clock the rows took their times from and the ids in the order of the rows (as
-        RETURNING gives them, which Django's bulk_create() relies on too)."""
+        `collected` (PostgreSQL, a plain job's template): the statement answers with one
+        row: the clock the rows took their times from, the ids in the order of the rows (as
+        RETURNING gives them, which Django's bulk_create() relies on too), and the wake-up's
+        result."""
         qn = connection.ops.quote_name
         now, now_params = now_sql(connection)
         unique = template.unique_scope is not None
@@ -151,21 +152,25 @@ class Inserts(MySQLWrites):
         if unique:
             scope = UniqueScope(cast(str, template.unique_scope))
             row += self._on_conflict(connection, scope, lock_held)
-        returned_names = (
-            ("id",) if collected else ("id", "result_id", *_CLOCKED, *(["unique_key"] * unique))
-        )
+        table = qn(self.model._meta.db_table)
+        if collected:
+            # One template and one clock: every row's wake-up (wakeup.py) would be the same
+            # notification, so the statement sends it once (per row, it was a fifth of the
+            # server's time a row). The rows' times are this statement's clock (_values()).
+            sql = (
+                f"WITH written AS (INSERT INTO {table} ({', '.join(columns)}) {row} RETURNING "
+                f"{', '.join(qn(name) for name in ('id', 'queue_name', 'priority', 'run_after'))})"
+                f" SELECT {now}, (SELECT array_agg(id) FROM written),"
+                f" (SELECT {NOTIFY} FROM written LIMIT 1)"
+            )
+            return sql, [*params, *source_params, *now_params]
+        returned_names = ("id", "result_id", *_CLOCKED, *(["unique_key"] if unique else []))
         returning = ", ".join(qn(name) for name in returned_names)
         if connection.vendor == "postgresql":
             # Wake listening workers when this commits (wakeup.py). Per row, but PostgreSQL
             # sends one notification per transaction for identical ones.
             returning += f", {NOTIFY}"
-        sql = (
-            f"INSERT INTO {qn(self.model._meta.db_table)} ({', '.join(columns)}) {row} "
-            f"RETURNING {returning}"
-        )
-        if collected:  # the rows' times are the clock of this statement (_values())
-            sql = f"WITH written AS ({sql}) SELECT {now}, array_agg(id) FROM written"
-            return sql, [*params, *source_params, *now_params]
+        sql = f"INSERT INTO {table} ({', '.join(columns)}) {row} RETURNING {returning}"
         return sql, [*params, *source_params]
 
     def _returned(

@@ -87,7 +87,7 @@ class PipelinedInserts(Inserts):
                             built += map(build, chunk)
                 for cursor, count in sent:
                     with cursor:
-                        [(now, written)] = cursor.fetchall()
+                        [(now, written, _)] = cursor.fetchall()
                     if len(written) != count:  # a trigger's BEFORE INSERT skipped some
                         raise DatabaseError(
                             f"{len(written)} of {count} jobs were written: a trigger on "
