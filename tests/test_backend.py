@@ -18,7 +18,7 @@ from django.utils import timezone
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import InvalidPayload
-from django_jobstate.managers.pipelined import PIPELINED_CHUNK, pipelined
+from django_jobstate.managers.bulk import PIPELINED_CHUNK, pipelined
 from django_jobstate.models import Job
 from django_jobstate.payload import encode_payload
 from django_jobstate.states import State

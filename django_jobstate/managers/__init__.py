@@ -16,7 +16,6 @@ from .base import (
     close_connection,
     connection_lost,
     timeout_error,
-    uuid7,
     writing,
 )
 from .cancel import Cancel, CancelOutcome
@@ -26,6 +25,7 @@ from .insert import ENQUEUE_CHUNK
 from .outcomes import backoff_delay
 from .progress import Progress, check_metadata
 from .prune import Prune
+from .result_ids import uuid7
 from .settle import Settle
 
 __all__ = [

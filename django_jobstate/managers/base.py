@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import time
-import uuid
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timedelta
@@ -272,31 +269,3 @@ class Writes(_JobManagerBase["Job"]):
         # has_dependents too: a dependent enqueued since `job` was read marked it
         # (deps.py), and this write's lock made that mark final.
         job.refresh_from_db(fields=["state", "has_dependents", *values])
-
-
-def uuid7() -> uuid.UUID:
-    """A time-ordered UUID (RFC 9562, version 7), for result ids.
-
-    With random (version 4) ids, every enqueue writes the result_id indexes at a random
-    page: on a table of millions of rows, a page that is rarely in memory (the benchmark
-    read ~6,500 index pages per 5,000-job drain for it). Time-ordered ids are written at
-    the indexes' right edge, like serial ids.
-    """
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10))  # 74 of these 80 bits are used
-    value = (ms & (1 << 48) - 1) << 80 | 0x7 << 76 | (rand >> 62 & 0xFFF) << 64
-    return uuid.UUID(int=value | 0b10 << 62 | rand & (1 << 62) - 1)
-
-
-def uuid7s(count: int) -> list[uuid.UUID]:
-    """`count` uuid7()s of this millisecond, in ascending order (so that a bulk enqueue
-    writes them at the indexes' right edge one after the other), from one read of the clock
-    and one of the system's randomness: a third of the time of as many uuid7() calls."""
-    if count == 1:  # one enqueue: uuid7() alone is quicker
-        return [uuid7()]
-    ms = time.time_ns() // 1_000_000
-    head = (ms & (1 << 48) - 1) << 80 | 0x7 << 76 | 0b10 << 62  # as uuid7()'s
-    noise = os.urandom(10 * count)  # 74 of each 80 bits are used
-    rands = map(int.from_bytes, (noise[i : i + 10] for i in range(0, 10 * count, 10)))
-    values = sorted(head | (rand >> 62 & 0xFFF) << 64 | rand & (1 << 62) - 1 for rand in rands)
-    return [uuid.UUID(int=value) for value in values]

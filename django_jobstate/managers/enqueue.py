@@ -12,11 +12,12 @@ from django.db import router
 from ..limits.concurrency import Hold
 from ..payload import encode_payload
 from ..uniqueness import UniqueScope
-from .base import uuid7s
+from .bulk import PipelinedInserts
 from .deps import Dependencies, Links
+from .insert import give
 from .limits import Limits
-from .pipelined import PipelinedInserts
 from .prepared import PreparedInserts, job_builder
+from .result_ids import uuid7s
 from .unique import Call, EnqueueUnique, Row
 
 if TYPE_CHECKING:
@@ -62,8 +63,9 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
         links: Links | None = None,
     ) -> Sequence[Job]:
         """Create the first attempts of several calls of one task: all of them, or none.
-        Returns their Jobs in the calls' order: a list, or on PostgreSQL with psycopg 3 a
-        sequence that builds each when first read (pipelined.py).
+        Returns their Jobs in the calls' order: for plain jobs (no key, time, schedule or
+        link), while nothing listens to Job's pre_init or post_init, a sequence that builds
+        each when first read (bulk.py); else a list.
 
         One INSERT ... SELECT per chunk of calls (insert.py), whose rows differ only in result_id,
         args and kwargs: they travel as one JSON parameter, the rest as one parameter each
@@ -148,7 +150,7 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
             )
         if unique:
             return self._enqueue_unique(db, template, rows, jobs, raise_duplicates)
-        return self._insert_all(db, template, rows, jobs)
+        return give(jobs, self._insert_all(db, template, rows))
 
     @staticmethod
     def _rows(calls: list[Call], keys: Sequence[str | None] | None = None) -> list[Row]:

@@ -3,6 +3,7 @@ parameter (enqueue.py builds the template they share; unique.py and limits.py ad
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from contextlib import nullcontext
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
 # max_allowed_packet (16 MiB) however large the arguments.
 ENQUEUE_CHUNK = 10_000
 ENQUEUE_CHUNK_BYTES = 4 << 20
+# A row as written: its id (None if a trigger of the project's skipped it), run_after and
+# enqueued_at.
+Written = tuple["int | None", datetime, datetime]
 # The times an INSERT takes from _now_sql() when not given, and reads back.
 _CLOCKED = ("run_after", "enqueued_at")
 
@@ -36,12 +40,16 @@ class Inserts(MySQLWrites):
             self, connection: BaseDatabaseWrapper, scope: UniqueScope, lock_held: bool
         ) -> str: ...
 
-    def _insert_all(self, db: str, template: Job, rows: list[Row], jobs: list[Job]) -> list[Job]:
+    def _insert_all(self, db: str, template: Job, rows: list[Row]) -> list[Written]:
+        """INSERT `rows` like `template`, all or none: how each was written, in their order."""
+        chunks = _chunks(rows)
+        done: list[Written] = []
         # One statement is atomic on its own; a transaction would cost two round trips.
-        one = len(_chunks(rows)) == 1
-        with nullcontext() if one else transaction.atomic(using=db):
-            self._insert_chunks(db, template, rows, jobs)
-        return jobs
+        with nullcontext() if len(chunks) == 1 else transaction.atomic(using=db):
+            for chunk in chunks:
+                written, _, (run_after, enqueued_at) = self._insert(db, template, chunk)
+                done += [(written.get(row[0].hex), run_after, enqueued_at) for row in chunk]
+        return done
 
     def _insert_chunks(
         self, db: str, template: Job, rows: list[Row], jobs: list[Job], lock_held: bool = False
@@ -190,6 +198,13 @@ class Inserts(MySQLWrites):
         run_after = from_db(connection, meta.get_field("run_after"), times[0])
         enqueued_at = from_db(connection, meta.get_field("enqueued_at"), times[1])
         return written, held, (run_after, enqueued_at)
+
+
+def give(jobs: list[Job], written: Iterable[Written]) -> list[Job]:
+    """`jobs` with the ids and times their rows were written with (`written`, in order)."""
+    for job, (pk, run_after, enqueued_at) in zip(jobs, written, strict=True):
+        job.id, job.run_after, job.enqueued_at = pk, run_after, enqueued_at
+    return jobs
 
 
 def _give(by_result_id: dict[str, Job], written: dict[str, int], times: tuple[Any, Any]) -> None:

@@ -27,7 +27,8 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db.notify import NOTIFY
 from .base import PER_CALL, built_directly, instance, now_sql
-from .pipelined import pipelined
+from .bulk import EnqueuedJobs, pipelined
+from .insert import Written, give
 from .unique import Call, Row
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ class PreparedInserts:
 
     model: type[Job]
     _values: Callable[..., tuple[list[str], list[str], list[Any]]]
-    _insert_all: Callable[[str, Job, list[Row], list[Job]], list[Job]]
+    _insert_all: Callable[[str, Job, list[Row]], list[Written]]
     _insert_pipelined: Callable[..., Sequence[Job]]
     _rows: Callable[[list[Call]], list[Row]]
 
@@ -187,7 +188,9 @@ class PreparedInserts:
                 db, prepared.template, calls, self._rows, build, prepared.quiet
             )
         rows = self._rows(calls)
-        return self._insert_all(db, prepared.template, rows, [build(row) for row in rows])
+        if prepared.quiet:
+            return EnqueuedJobs(build, rows, self._insert_all(db, prepared.template, rows))
+        return give([build(row) for row in rows], self._insert_all(db, prepared.template, rows))
 
     def _insert_one(
         self, db: str, prepared: Prepared, result_id: Any, args: str, kwargs: str

@@ -1,5 +1,6 @@
-"""A bulk enqueue on PostgreSQL with psycopg 3: every chunk's INSERT sent before any is read
-back (pipeline mode), and the Jobs it returns built when first read.
+"""A bulk enqueue of plain jobs: on PostgreSQL with psycopg 3, every chunk's INSERT sent
+before any is read back (pipeline mode); on every database, the Jobs it returns built
+when first read.
 
 enqueue_many() of 50,000 plain calls, sent and read one chunk after the other, spent a
 third of its time waiting on the server (10-11 us a job: five index entries and the checks
@@ -17,11 +18,9 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..built_on_read import BuiltOnRead
 from .base import from_db
-from .insert import Inserts, _chunks
+from .insert import Inserts, Written, _chunks, give
 
 if TYPE_CHECKING:
-    from datetime import datetime
-
     from ..models import Job
     from .unique import Call, Row
 
@@ -70,8 +69,7 @@ class PipelinedInserts(Inserts):
         rows: list[Row] = []
         sent = []  # each chunk's cursor and how many rows it sent
         built: list[Job] = []
-        ids: list[int] = []
-        times: list[datetime] = []
+        done: list[Written] = []
         with transaction.atomic(using=db):
             cursor: Any = connection.cursor()
             with connection.wrap_database_errors, connection.connection.pipeline():
@@ -87,46 +85,35 @@ class PipelinedInserts(Inserts):
                             built += map(build, chunk)
                 for cursor, count in sent:
                     with cursor:
-                        [(now, written, _)] = cursor.fetchall()
-                    if len(written) != count:  # a trigger's BEFORE INSERT skipped some
+                        [(now, ids, _)] = cursor.fetchall()
+                    if len(ids) != count:  # a trigger's BEFORE INSERT skipped some
                         raise DatabaseError(
-                            f"{len(written)} of {count} jobs were written: a trigger on "
+                            f"{len(ids)} of {count} jobs were written: a trigger on "
                             f"{self.model._meta.db_table} skipped the others. Nothing was enqueued."
                         )
-                    ids += written
-                    times += [from_db(connection, clock, now)] * count
-        if quiet:
-            return EnqueuedJobs(build, rows, ids, times)
-        return [_written(*job_written) for job_written in zip(built, ids, times, strict=True)]
+                    now = from_db(connection, clock, now)
+                    done += [(pk, now, now) for pk in ids]
+        return EnqueuedJobs(build, rows, done) if quiet else give(built, done)
 
 
 class EnqueuedJobs(BuiltOnRead["Job"]):
-    """The Jobs of a pipelined enqueue_many(), in the calls' order, each built when first
-    read (built_on_read.py) from its row, its id and its clock."""
+    """The Jobs of a plain enqueue_many(), in the calls' order, each built when first read
+    (built_on_read.py) from its row and how it was written."""
 
-    __slots__ = ("_build_job", "_ids", "_rows", "_times")
+    __slots__ = ("_build_job", "_rows", "_written")
 
     def __init__(
-        self,
-        build: Callable[[Row], Job],
-        rows: list[Row],
-        ids: list[int],
-        times: list[datetime],
+        self, build: Callable[[Row], Job], rows: list[Row], written: list[Written]
     ) -> None:
         super().__init__()
-        self._build_job, self._rows, self._ids, self._times = build, rows, ids, times
+        self._build_job, self._rows, self._written = build, rows, written
 
     def __len__(self) -> int:
         return len(self._rows)
 
     def _build(self, i: int) -> Job:
-        return _written(self._build_job(self._rows[i]), self._ids[i], self._times[i])
+        [job] = give([self._build_job(self._rows[i])], [self._written[i]])
+        return job
 
     def __repr__(self) -> str:
         return f"<EnqueuedJobs: {len(self)} jobs>"
-
-
-def _written(job: Job, pk: int, now: datetime) -> Job:
-    """`job` with the id and the times (its statement's clock) its row was written with."""
-    job.id, job.run_after, job.enqueued_at = pk, now, now
-    return job

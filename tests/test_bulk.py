@@ -1,7 +1,7 @@
-"""A bulk enqueue on PostgreSQL with psycopg 3 (managers/pipelined.py): each chunk's INSERT
-is sent while the next chunk's rows are made, nothing is read back before the last is
-sent, and the Jobs are built when first read. Whatever fails after a chunk was sent
-leaves nothing written."""
+"""A bulk enqueue of plain jobs (managers/bulk.py): its Jobs built when first read; on
+PostgreSQL with psycopg 3, each chunk's INSERT sent while the next chunk's rows are made,
+nothing read back before the last is sent. Whatever fails after a chunk was sent leaves
+nothing written."""
 
 import pickle
 
@@ -10,24 +10,23 @@ from django.db import DatabaseError, connection, transaction
 from django.db.models.signals import post_init
 
 from django_jobstate.exceptions import InvalidPayload
-from django_jobstate.managers import pipelined
-from django_jobstate.managers.pipelined import EnqueuedJobs
+from django_jobstate.managers import bulk
+from django_jobstate.managers.bulk import EnqueuedJobs
 from django_jobstate.models import Job
 from django_jobstate.tasksapi import default_task_backend
 from tests.tasks import record
 
 postgres_only = pytest.mark.skipif(
-    not pipelined.pipelined(connection), reason="pipeline mode: PostgreSQL with psycopg 3"
+    not bulk.pipelined(connection), reason="pipeline mode: PostgreSQL with psycopg 3"
 )
 
 
 @pytest.fixture
 def small_chunks(monkeypatch):
     """Two calls a statement: a few calls are several statements, made and sent in turn."""
-    monkeypatch.setattr(pipelined, "PIPELINED_CHUNK", 2)
+    monkeypatch.setattr(bulk, "PIPELINED_CHUNK", 2)
 
 
-@postgres_only
 @pytest.mark.django_db
 def test_the_jobs_are_built_when_first_read_as_they_were_written(small_chunks):
     calls = [(["a"], {}), (["b"], {"n": 1}), ([], {}), (["d"], {}), (["e"], {})]
