@@ -95,7 +95,9 @@ class JobStateBackend(BaseTaskBackend):
         # Django's receiver logs each at DEBUG: the signal is sent only if anything hears it.
         announce = audible(task_enqueued, type(self), logging.DEBUG)
         built: dict[int, TaskResult] = {}  # the rest are built when read (EnqueuedResults)
-        for i, job in enumerate(jobs) if plan.unique or announce else ():
+        if not (plan.unique or announce):  # no duplicate to look up, no one to tell
+            return EnqueuedResults(jobs, task, built)
+        for i, job in enumerate(jobs):
             if job.deduplicated:  # the live task that holds the key, with all its attempts
                 attempts = (
                     [job] if job.attempt == 1 else list(Job.objects.attempts_of(job.result_id))

@@ -128,12 +128,43 @@ def test_a_bulk_enqueue_refused_by_a_later_statement_writes_nothing(small_chunks
 
 @postgres_only
 @pytest.mark.parametrize("trigger", ["RETURN NULL;"], indirect=True)
+@pytest.mark.parametrize(
+    ("calls", "said"),
+    [([*CALLS, (["f"], {})], "1 of 2 jobs were written"), (CALLS, "0 of 1 jobs were written")],
+)
 @pytest.mark.django_db(transaction=True)
-def test_a_bulk_enqueue_whose_row_a_trigger_skipped_writes_nothing(small_chunks, trigger):
+def test_a_bulk_enqueue_whose_row_a_trigger_skipped_writes_nothing(
+    small_chunks, trigger, calls, said
+):
     """A BEFORE INSERT trigger that returns NULL skips its row without an error: the ids
     read back would no longer line up with the calls, so the enqueue says so and undoes
-    every chunk."""
-    with pytest.raises(DatabaseError, match="1 of 2 jobs were written: a trigger on"):
-        default_task_backend.bulk_enqueue(record, [*CALLS, (["f"], {})])
+    every chunk (also when it skipped a chunk's only row)."""
+    with pytest.raises(DatabaseError, match=f"{said}: a trigger on"):
+        default_task_backend.bulk_enqueue(record, calls)
+
+    assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_the_jobs_keep_the_metadata_they_were_written_with():
+    """The Jobs built when read, and the statement kept for later calls, hold their own copy
+    of the caller's metadata: a change to the caller's dict after the enqueue reaches
+    neither."""
+    metadata = {"tenant": 1}
+    jobs = Job.objects.enqueue_many("tests.tasks.record", [(["a"], {})] * 2, metadata=metadata)
+    metadata["tenant"] = 2
+
+    later = Job.objects.enqueue_many(
+        "tests.tasks.record", [(["b"], {})] * 2, metadata={"tenant": 1}
+    )
+
+    assert [job.metadata for job in [*jobs, *later]] == [{"tenant": 1}] * 4
+    assert list(Job.objects.values_list("metadata", flat=True)) == [{"tenant": 1}] * 4
+
+
+@pytest.mark.django_db
+def test_unique_keys_must_be_one_per_call():
+    with pytest.raises(ValueError, match="1 unique keys for 2 calls: give one per call"):
+        Job.objects.enqueue_many("tests.tasks.record", [(["a"], {})] * 2, unique_keys=["k"])
 
     assert not Job.objects.exists()

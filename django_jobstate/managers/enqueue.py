@@ -41,7 +41,7 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
     def enqueue_many(
         self,
         task_path: str,
-        calls: Iterable[tuple[Sequence[Any], dict[str, Any]]],
+        calls: Iterable[Call],
         *,
         queue_name: str = "default",
         priority: int = 0,
@@ -84,9 +84,10 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
         `links`, the jobs depend on other tasks, or are steps of a workflow (deps.py).
         """
         calls = list(calls)
-        keys: Sequence[str | None] = [None] * len(calls) if unique_keys is None else unique_keys
-        if len(keys) != len(calls):
-            raise ValueError(f"{len(keys)} unique keys for {len(calls)} calls: give one per call.")
+        if unique_keys is not None and len(unique_keys) != len(calls):
+            raise ValueError(
+                f"{len(unique_keys)} unique keys for {len(calls)} calls: give one per call."
+            )
         options = {
             "queue_name": queue_name,
             "priority": priority,
@@ -117,7 +118,14 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
             template.rate_limit, template.hold = rate_limit, Hold.RATE
         unique, limits = unique_keys is not None, (concurrency_keys, concurrency_limit)
         write = functools.partial(
-            self._enqueue_template, db, template, calls, keys, unique, raise_duplicates, *limits
+            self._enqueue_template,
+            db,
+            template,
+            calls,
+            unique_keys,
+            unique,
+            raise_duplicates,
+            *limits,
         )
         if links is not None:  # depends on other tasks, or a step of a workflow (deps.py)
             return self._enqueue_linked(db, template, links, write)
@@ -127,8 +135,8 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
         self,
         db: str,
         template: Job,
-        calls: list[tuple[Sequence[Any], dict[str, Any]]],
-        keys: Sequence[str | None],
+        calls: list[Call],
+        keys: Sequence[str] | None,
         unique: bool,
         raise_duplicates: bool,
         concurrency_keys: Sequence[str] | None,
@@ -154,7 +162,8 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
 
     @staticmethod
     def _rows(calls: list[Call], keys: Sequence[str | None] | None = None) -> list[Row]:
-        """Each call's result id, arguments (as read back, and as JSON) and unique key."""
+        """Each call's result id, arguments (as read back, and as JSON) and unique key; the
+        result ids in ascending order (bulk.py maps the ids written back by it)."""
         if keys is None:
             keys = [None] * len(calls)
         return [

@@ -123,10 +123,9 @@ class Inserts(MySQLWrites):
         INSERT ... VALUES, which PostgreSQL plans faster; several are selected from one JSON
         array of [result_id, args, kwargs, unique key].
 
-        `collected` (PostgreSQL, a plain job's template): the statement answers with one
-        row: the clock the rows took their times from, the ids in the order of the rows (as
-        RETURNING gives them, which Django's bulk_create() relies on too), and the wake-up's
-        result."""
+        `collected` (PostgreSQL, a plain job's template, `rows` in ascending result_id): the
+        statement answers with one row: the clock the rows took their times from, the ids in
+        the order of the rows, and the wake-up's result."""
         qn = connection.ops.quote_name
         now, now_params = now_sql(connection)
         unique = template.unique_scope is not None
@@ -165,10 +164,12 @@ class Inserts(MySQLWrites):
             # One template and one clock: every row's wake-up (wakeup.py) would be the same
             # notification, so the statement sends it once (per row, it was a fifth of the
             # server's time a row). The rows' times are this statement's clock (_values()).
+            # Their ids in the rows' order: the rows go in ascending result_id (uuid7s()).
+            notified = ("id", "result_id", "queue_name", "priority", "run_after")
             sql = (
                 f"WITH written AS (INSERT INTO {table} ({', '.join(columns)}) {row} RETURNING "
-                f"{', '.join(qn(name) for name in ('id', 'queue_name', 'priority', 'run_after'))})"
-                f" SELECT {now}, (SELECT array_agg(id) FROM written),"
+                f"{', '.join(qn(name) for name in notified)})"
+                f" SELECT {now}, (SELECT array_agg(id ORDER BY result_id) FROM written),"
                 f" (SELECT {NOTIFY} FROM written LIMIT 1)"
             )
             return sql, [*params, *source_params, *now_params]

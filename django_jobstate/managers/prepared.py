@@ -133,7 +133,8 @@ class PreparedInserts:
         template = self.model(
             task_path=task_path,
             **{name: value for name, value in options.items() if name != "metadata"},
-            metadata={} if metadata is None else metadata,
+            # Its own copy: kept for later calls, and Jobs built from it when first read.
+            metadata=copy.deepcopy(metadata) if metadata else {},
         )
         connection = connections[db]
         sql = None
@@ -169,28 +170,22 @@ class PreparedInserts:
     ) -> Sequence[Job]:
         """enqueue_many() of jobs with no key, time or schedule."""
         prepared = self._prepared(db, task_path, options)
-        make = prepared.build
-
-        def build(row: Row) -> Job:
-            result_id, args, _, kwargs, _, key = row
-            return make(result_id, args, kwargs, key)
-
+        make, template = prepared.build, prepared.template
         if len(calls) == 1 and prepared.sql is not None:
-            [row] = self._rows(calls)
-            job = build(row)
-            result_id, _, args, _, kwargs, _ = row
+            [(result_id, args, args_json, kwargs, kwargs_json, key)] = self._rows(calls)
+            job = make(result_id, args, kwargs, key)
             job.pk, job.run_after, job.enqueued_at = self._insert_one(
-                db, prepared, result_id, args, kwargs
+                db, prepared, result_id, args_json, kwargs_json
             )
             return [job]
         if pipelined(connections[db]):
-            return self._insert_pipelined(
-                db, prepared.template, calls, self._rows, build, prepared.quiet
-            )
+            return self._insert_pipelined(db, template, calls, self._rows, make, prepared.quiet)
         rows = self._rows(calls)
         if prepared.quiet:
-            return EnqueuedJobs(build, rows, self._insert_all(db, prepared.template, rows))
-        return give([build(row) for row in rows], self._insert_all(db, prepared.template, rows))
+            return EnqueuedJobs(make, rows, self._insert_all(db, template, rows))
+        # Built before the INSERT: a build that raises (a receiver's) leaves nothing written.
+        jobs = [make(r, args, kwargs, key) for r, args, _, kwargs, _, key in rows]
+        return give(jobs, self._insert_all(db, template, rows))
 
     def _insert_one(
         self, db: str, prepared: Prepared, result_id: Any, args: str, kwargs: str
