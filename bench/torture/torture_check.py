@@ -396,13 +396,19 @@ def check(
     # Attempts failed as lost: by a fault that silenced their worker, or healthy ones.
     healthy: Counter[str] = Counter()
     lost_expected = beside_overrun = beside_cancellable = 0
+
+    def lost_to_kill(j: dict[str, Any]) -> bool:
+        """Failed as lost after its worker, or its worker's supervisor, was killed."""
+        wid = j["worker_id"] or ""
+        kill_at = killed_at.get(wid) or killed_at.get(f"{_base(wid)}/")
+        return kill_at is not None and j["finished_at"] >= kill_at - CLOCK_SLACK
+
     for j in jobs:
         if j["failure_reason"] != FailureReason.LOST:
             continue
         wid, finished = j["worker_id"] or "", j["finished_at"]
         base = _base(wid)
-        kill_at = killed_at.get(wid) or killed_at.get(f"{base}/")
-        if kill_at is not None and finished >= kill_at - CLOCK_SLACK:
+        if lost_to_kill(j):
             lost_expected += 1
             continue
         if any(
@@ -420,11 +426,14 @@ def check(
         stopped_by = STOPPED_AT.search(j["error_message"] or "")
         if stopped_by and base in faults.in_flight:
             overrun = by_pk.get(int(stopped_by[1]))
-            if (
-                overrun is not None
-                and overrun["worker_id"] == wid
-                and overrun["failure_reason"] in (FailureReason.TIMEOUT, FailureReason.CANCELLED)
-            ):
+            # The overrun failed as timed out (or cancelled); or as lost, its supervisor
+            # killed before it wrote that (seen: a SIGKILL of the supervisor between this
+            # neighbour's failure and the overrun's, both in one settle of the process).
+            ended = overrun is not None and (
+                overrun["failure_reason"] in (FailureReason.TIMEOUT, FailureReason.CANCELLED)
+                or (overrun["failure_reason"] == FailureReason.LOST and lost_to_kill(overrun))
+            )
+            if ended and overrun["worker_id"] == wid:
                 since = finished - timedelta(seconds=1)
                 # Its failure written late, the database away when its process was
                 # stopped: the stop came before the outage (seen: SIGSTOPped across its
