@@ -162,8 +162,8 @@ class Inserts(MySQLWrites):
         table = qn(self.model._meta.db_table)
         if collected:
             # One template and one clock: every row's wake-up (wakeup.py) would be the same
-            # notification, so the statement sends it once (per row, it was a fifth of the
-            # server's time a row). The rows' times are this statement's clock (_values()).
+            # notification, so the statement sends it once (per row, it cost 1-3 us of the
+            # server's 10-13 us a row). The rows' times are this statement's clock (_values()).
             # Their ids in the rows' order: the rows go in ascending result_id (uuid7s()).
             notified = ("id", "result_id", "queue_name", "priority", "run_after")
             sql = (
