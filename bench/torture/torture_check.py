@@ -397,18 +397,29 @@ def check(
     healthy: Counter[str] = Counter()
     lost_expected = beside_overrun = beside_cancellable = 0
 
-    def lost_to_kill(j: dict[str, Any]) -> bool:
-        """Failed as lost after its worker, or its worker's supervisor, was killed."""
+    def killed(j: dict[str, Any]) -> datetime | None:
+        """When its worker, or its worker's supervisor, was killed, if before it failed."""
         wid = j["worker_id"] or ""
         kill_at = killed_at.get(wid) or killed_at.get(f"{_base(wid)}/")
-        return kill_at is not None and j["finished_at"] >= kill_at - CLOCK_SLACK
+        return (
+            kill_at if kill_at is not None and j["finished_at"] >= kill_at - CLOCK_SLACK else None
+        )
+
+    def settle_cut_short(overrun: dict[str, Any], j: dict[str, Any]) -> bool:
+        """A planned overrun (or a cancelled attempt) whose supervisor was killed in the
+        settle that wrote its neighbour `j`, before it wrote the overrun's own failure."""
+        kill_at = killed(overrun)
+        planned = overrun["plan"] == OVERRUN or overrun["cancel_requested_at"] is not None
+        return (
+            planned and kill_at is not None and kill_at <= j["finished_at"] + timedelta(seconds=5)
+        )
 
     for j in jobs:
         if j["failure_reason"] != FailureReason.LOST:
             continue
         wid, finished = j["worker_id"] or "", j["finished_at"]
         base = _base(wid)
-        if lost_to_kill(j):
+        if killed(j):
             lost_expected += 1
             continue
         if any(
@@ -431,7 +442,9 @@ def check(
             # neighbour's failure and the overrun's, both in one settle of the process).
             ended = overrun is not None and (
                 overrun["failure_reason"] in (FailureReason.TIMEOUT, FailureReason.CANCELLED)
-                or (overrun["failure_reason"] == FailureReason.LOST and lost_to_kill(overrun))
+                or (
+                    overrun["failure_reason"] == FailureReason.LOST and settle_cut_short(overrun, j)
+                )
             )
             if ended and overrun["worker_id"] == wid:
                 since = finished - timedelta(seconds=1)
