@@ -4,6 +4,7 @@ and that the claim of an unlimited queue stays one statement."""
 
 import io
 import json
+import time
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -89,8 +90,12 @@ def test_a_rate_spends_tokens():
     enqueue("reports", 10)
     JobQueue.objects.set_limits("reports", rate="3/s", by="test")
     forget_run_time_limits()
+    start = time.monotonic()
     assert claimed() == {"reports": 3}  # a full bucket: one second's worth
-    assert claimed() == {}
+    again = claimed().get("reports", 0)
+    # None but the tokens that came back since, at 3 a second (at CI's load a third of a
+    # second can pass between the two claims: seen).
+    assert again <= (time.monotonic() - start) * 3
     row = JobQueue.objects.get(name="reports")
     assert row.tokens is not None
     assert row.tokens < 1
