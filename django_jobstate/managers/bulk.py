@@ -83,9 +83,10 @@ class PipelinedInserts(Inserts):
                 for cursor, count in sent:
                     with cursor:
                         [(now, ids, _)] = cursor.fetchall()
-                    if len(ids or ()) != count:  # a trigger's BEFORE INSERT skipped some
+                    ids = ids or []  # array_agg() of no row is NULL
+                    if len(ids) != count:  # a trigger's BEFORE INSERT skipped some
                         raise DatabaseError(
-                            f"{len(ids or ())} of {count} jobs were written: a trigger on "
+                            f"{len(ids)} of {count} jobs were written: a trigger on "
                             f"{self.model._meta.db_table} skipped the others. Nothing was enqueued."
                         )
                     now = from_db(connection, clock, now)

@@ -116,16 +116,15 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
             template.run_after = run_after
         if rate_limit is not None:
             template.rate_limit, template.hold = rate_limit, Hold.RATE
-        unique, limits = unique_keys is not None, (concurrency_keys, concurrency_limit)
         write = functools.partial(
             self._enqueue_template,
             db,
             template,
             calls,
             unique_keys,
-            unique,
             raise_duplicates,
-            *limits,
+            concurrency_keys,
+            concurrency_limit,
         )
         if links is not None:  # depends on other tasks, or a step of a workflow (deps.py)
             return self._enqueue_linked(db, template, links, write)
@@ -137,11 +136,11 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
         template: Job,
         calls: list[Call],
         keys: Sequence[str] | None,
-        unique: bool,
         raise_duplicates: bool,
         concurrency_keys: Sequence[str] | None,
         concurrency_limit: int | None,
     ) -> list[Job]:
+        unique = keys is not None
         rows = self._rows(calls, keys)
         build = job_builder(self.model, db, template)
         jobs = [build(result_id, args, kwargs, key) for result_id, args, _, kwargs, _, key in rows]

@@ -122,7 +122,8 @@ class PreparedInserts:
         cache: dict[tuple[Any, ...], Prepared] = self.__dict__.setdefault("_prepared_cache", {})
         key = options_key(db, task_path, options)
         prepared = cache.get(key)
-        if prepared is None or prepared.build.__name__ != _builder_kind(self.model):
+        # A pre_init/post_init receiver connected or gone since: the other builder.
+        if prepared is None or prepared.quiet != built_directly(self.model):
             if len(cache) >= MAX_PREPARED:
                 cache.clear()
             prepared = cache[key] = self._prepare(db, task_path, options)
@@ -210,8 +211,3 @@ class PreparedInserts:
             cursor.execute(prepared.sql, params)
             pk, run_after, enqueued_at, *_ = cursor.fetchone()
         return pk, prepared.read_time(run_after), prepared.read_time(enqueued_at)
-
-
-def _builder_kind(model: type[Job]) -> str:
-    """Which builder job_builder() makes today: a receiver connected since changes it."""
-    return "direct" if built_directly(model) else "through_init"

@@ -15,10 +15,7 @@ def uuid7() -> uuid.UUID:
     read ~6,500 index pages per 5,000-job drain for it). Time-ordered ids are written at
     the indexes' right edge, like serial ids.
     """
-    ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10))  # 74 of these 80 bits are used
-    value = (ms & (1 << 48) - 1) << 80 | 0x7 << 76 | (rand >> 62 & 0xFFF) << 64
-    return uuid.UUID(int=value | 0b10 << 62 | rand & (1 << 62) - 1)
+    return uuid.UUID(int=_head() | _tail(int.from_bytes(os.urandom(10))))
 
 
 def uuid7s(count: int) -> list[uuid.UUID]:
@@ -27,9 +24,18 @@ def uuid7s(count: int) -> list[uuid.UUID]:
     and one of the system's randomness: a third of the time of as many uuid7() calls."""
     if count == 1:  # one enqueue: uuid7() alone is quicker
         return [uuid7()]
-    ms = time.time_ns() // 1_000_000
-    head = (ms & (1 << 48) - 1) << 80 | 0x7 << 76 | 0b10 << 62  # as uuid7()'s
-    noise = os.urandom(10 * count)  # 74 of each 80 bits are used
+    head = _head()
+    noise = os.urandom(10 * count)
     rands = map(int.from_bytes, (noise[i : i + 10] for i in range(0, 10 * count, 10)))
-    values = sorted(head | (rand >> 62 & 0xFFF) << 64 | rand & (1 << 62) - 1 for rand in rands)
-    return [uuid.UUID(int=value) for value in values]
+    return [uuid.UUID(int=value) for value in sorted(head | _tail(rand) for rand in rands)]
+
+
+def _head() -> int:
+    """A version 7 UUID's bits but the random ones: this millisecond, version, variant."""
+    ms = time.time_ns() // 1_000_000
+    return (ms & (1 << 48) - 1) << 80 | 0x7 << 76 | 0b10 << 62
+
+
+def _tail(rand: int) -> int:
+    """Its random bits: 74 of the 80 of `rand` (10 random bytes)."""
+    return (rand >> 62 & 0xFFF) << 64 | rand & (1 << 62) - 1
