@@ -3,7 +3,7 @@
 Real processes: `runjobs --concurrency 2` drains a backlog of no-op jobs while this process
 writes as a Django view does (a row and a job per transaction.atomic()) in a tight loop.
 Without turns SQLite's busy handler let the loop take the lock back each time, and the
-drain all but stopped (about 2 jobs per 100 commits). No timed assertion: jobs drained
+drain all but stopped (10 to 30 jobs per 1,000 commits). No timed assertion: jobs drained
 per commit, which the machine's load scales alike on both sides. The ratios of rates are
 the benchmark's (bench.py --only sqlite_fair).
 """
@@ -31,11 +31,21 @@ pytestmark = [
     pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite's single write lock"),
 ]
 
-BACKLOG = 20_000
-COMMITS = 500
-# Jobs the drain must finish per writer commit, at least: about 3 with turns (a worker's
-# turn writes up to 100 jobs, the writer's one row), 0.02 without.
-SHARE = 0.1
+BACKLOG = 100_000
+COMMITS = 1_000
+# Jobs the drain must finish per writer commit, at least: 8 to 13 with turns (a worker's turn
+# writes up to 100 jobs, the writer's a row and a job), 0.1 to 0.3 without.
+SHARE = 1.0
+# The backlog must outlast the writer's loop, so that every commit counted had the drain
+# beside it: at the share above it lasts 8,000 to 13,000 commits. A drain that runs through
+# it in COMMITS (100 jobs per commit) has kept the lock from the writer. (The loop does not
+# look at the backlog as it goes: a count between commits left the drain room enough to
+# pass without turns.)
+
+# Seconds between the drain's first job and the writer's first commit: not a bound, the
+# time for runjobs' processes to finish starting, which takes the CPU from this process and
+# measured the machine, not the turns (the drain ran far ahead with or without them).
+SETTLE = 1.0
 
 
 def wait_for(condition, timeout: float, what: str) -> None:
@@ -50,7 +60,9 @@ def test_a_writer_in_a_tight_loop_leaves_the_drain_its_turns(runjobs):
     JobStateBackend("default", {}).bulk_enqueue(tasks.noop, [((), {})] * BACKLOG)
     proc = runjobs.start("--concurrency", "2")
     done = Job.objects.filter(state=State.SUCCEEDED)
+    queued = Job.objects.filter(state=State.QUEUED)
     wait_for(done.exists, 60, "runjobs never finished a job")
+    time.sleep(SETTLE)
     before = done.count()
     failures = []
     for i in range(COMMITS):
@@ -61,11 +73,14 @@ def test_a_writer_in_a_tight_loop_leaves_the_drain_its_turns(runjobs):
         except OperationalError as exc:
             failures.append(str(exc))
     drained = done.count() - before
-    left = Job.objects.filter(state=State.QUEUED).count()
+    left = queued.count()
     output = runjobs.stop(proc)
 
     assert failures == [], f"{len(failures)} of {COMMITS} transactions failed: {failures[0]}"
-    assert left, "the backlog ran out while the writer wrote: nothing was shared"
+    assert left, (
+        f"the drain ran through {BACKLOG} jobs while the writer committed {COMMITS} times: "
+        "the writer did not get its turns"
+    )
     assert drained >= COMMITS * SHARE, (
         f"the drain finished {drained} jobs while the writer committed {COMMITS} times"
     )
