@@ -54,7 +54,7 @@ def fair_rounds(rows: Any, seconds: str, rounds: str, wait: str = "120") -> dict
             raise RuntimeError(f"the workers did not resume within {wait} s")
         time.sleep(SETTLE)
         out.append(ratios(both, drain, writer))
-    left = rows.model._default_manager.exclude(rows.terminal_q).count()
+    left = rows.jobs().exclude(rows.terminal_q).count()  # the backlog's, not the writer's
     return {
         "rounds": out,
         "writer_ratio": statistics.median(r["writer_ratio"] for r in out),
