@@ -78,8 +78,16 @@ def now_sql(connection: BaseDatabaseWrapper, delay: float = 0.0) -> tuple[str, l
         if delay:
             return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(delay * 1e6)]
         return "UTC_TIMESTAMP(6)", []
-    now = timezone.now() + timedelta(seconds=delay)
-    return "%s", [connection.ops.adapt_datetimefield_value(now)]
+    return "%s", [process_now(connection, delay)[1]]
+
+
+def process_now(connection: BaseDatabaseWrapper, delay: float = 0.0) -> tuple[datetime, Any]:
+    """SQLite's "now" (plus `delay` seconds), this process's clock: as the ORM reads it
+    back, and as it is written."""
+    now = timezone.now()
+    if delay:
+        now += timedelta(seconds=delay)
+    return now, connection.ops.adapt_datetimefield_value(now)
 
 
 @contextmanager
@@ -114,6 +122,8 @@ def built_directly(model: type[models.Model]) -> bool:
         return False
     if model.from_db.__func__ is not models.Model.from_db.__func__:  # type: ignore[attr-defined]
         return False
+    if not (pre_init.receivers or post_init.receivers):  # most projects: nothing to look up
+        return True
     return not (pre_init.has_listeners(model) or post_init.has_listeners(model))
 
 

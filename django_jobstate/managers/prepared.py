@@ -26,7 +26,7 @@ from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db.notify import NOTIFY
-from .base import PER_CALL, built_directly, instance, now_sql
+from .base import PER_CALL, built_directly, instance, now_sql, process_now
 from .bulk import EnqueuedJobs, pipelined
 from .insert import Written, give
 from .unique import Call, Row
@@ -204,10 +204,12 @@ class PreparedInserts:
                 params[i] = kwargs
             else:  # SQLite's clock is this process's (now_sql()), read once for both times
                 if now is None:
-                    now = now_sql(connection)[1][0]
-                params[i] = now
+                    now, written = process_now(connection)
+                params[i] = written
         assert prepared.sql is not None
         with connection.cursor() as cursor:
             cursor.execute(prepared.sql, params)
             pk, run_after, enqueued_at, *_ = cursor.fetchone()
+        if now is not None:  # the times written are the ones in hand: nothing to parse
+            return pk, now, now
         return pk, prepared.read_time(run_after), prepared.read_time(enqueued_at)
