@@ -10,7 +10,7 @@ from django.conf import settings
 from django.core.checks import run_checks
 from django.core.management import call_command
 from django.core.management.base import SystemCheckError
-from django.db import connection
+from django.db import connection, connections
 from django.test import override_settings
 from django.utils.functional import SimpleLazyObject
 
@@ -241,6 +241,28 @@ def test_naive_local_times_are_refused_where_the_database_has_no_time_zone(
     if refused:
         assert time_zone in found[0].msg
         assert found[0].hint == 'Set USE_TZ = True (Django\'s default), or TIME_ZONE = "UTC".'
+
+
+@pytest.mark.parametrize(("zone", "refused"), [("Europe/Paris", True), ("Etc/UTC", False)])
+def test_a_database_time_zone_is_refused_where_the_server_clock_is_utc(zone, refused):
+    """MariaDB/MySQL: Django stores times in the DATABASES TIME_ZONE, the claim compares
+    them with UTC_TIMESTAMP(). SQLite's clock is this process's, written through Django."""
+    wrapper = connections["default"]
+    saved = wrapper.settings_dict["TIME_ZONE"]
+    wrapper.settings_dict["TIME_ZONE"] = zone
+    try:
+        found = messages(USE_TZ=True)
+    finally:
+        wrapper.settings_dict["TIME_ZONE"] = saved
+
+    refused = refused and connection.vendor == "mysql"
+    assert [m.id for m in found] == (["django_jobstate.E006"] if refused else [])
+    if refused:
+        assert f"TIME_ZONE = {zone!r}" in found[0].msg
+        assert found[0].hint == (
+            "Remove DATABASES['default'][\"TIME_ZONE\"] (Django then stores UTC), or set it "
+            'to "UTC".'
+        )
 
 
 def test_an_imported_task_that_workers_would_refuse_is_reported(make_module):

@@ -4,6 +4,7 @@ plain job (managers/prepared.py): done once, and never stale or shared."""
 import uuid
 
 import pytest
+from django.db import connection, connections
 from django.db.models.signals import post_init
 from django.test import override_settings
 
@@ -70,6 +71,30 @@ def test_an_enqueued_job_is_what_reading_its_row_gives():
         assert job._state.db == row._state.db
         assert job._state.adding is False
         assert job.run_after == job.enqueued_at  # one clock reading for both
+
+
+@pytest.mark.skipif(connection.features.supports_timezones, reason="a database TIME_ZONE")
+def test_an_enqueued_job_has_its_times_in_the_database_time_zone():
+    """A database without time zones (SQLite, MySQL) may name the zone its times are in:
+    the ORM reads them back in it, and so does enqueue()'s Job."""
+    wrapper = connections["default"]  # its cached_property, not the proxy's attribute
+    saved = wrapper.settings_dict["TIME_ZONE"]
+    wrapper.settings_dict["TIME_ZONE"] = "Europe/Paris"
+    for cached in ("timezone", "timezone_name"):
+        wrapper.__dict__.pop(cached, None)
+    try:
+        job = Job.objects.enqueue("tests.tasks.record", ["a"])
+        row = Job.objects.get(pk=job.pk)
+    finally:
+        wrapper.settings_dict["TIME_ZONE"] = saved
+        for cached in ("timezone", "timezone_name"):
+            wrapper.__dict__.pop(cached, None)
+
+    assert str(row.enqueued_at.tzinfo) == "Europe/Paris"
+    assert (job.enqueued_at.isoformat(), job.run_after.isoformat()) == (
+        row.enqueued_at.isoformat(),
+        row.run_after.isoformat(),
+    )
 
 
 def test_jobs_enqueued_alike_share_no_metadata_dict():

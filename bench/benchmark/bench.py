@@ -117,7 +117,7 @@ class Sizes:
     # fair_seconds each, on a backlog of no-op jobs that outlasts the drain's windows.
     fair_seconds: float = 3.0
     fair_rounds: int = 5
-    fair_backlog: int = 800_000
+    fair_backlog: int = 1_000_000
     # The plain-SQL ceiling (issue 28): as many client processes as drain workers.
     ceiling: int = 20_000
     ceiling_clients: int = 4
@@ -161,7 +161,7 @@ QUICK = Sizes(
     many_processes=2,
     fair_seconds=1.0,
     fair_rounds=3,
-    fair_backlog=200_000,
+    fair_backlog=300_000,
     ceiling=1_000,
     duration=3.0,
     step=1.5,

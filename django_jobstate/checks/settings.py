@@ -190,25 +190,47 @@ def check_sqlite_time_zone(app_configs: Any = None, **kwargs: Any) -> list[Check
     With USE_TZ = False, Django writes local naive times, while the clock the app writes
     and compares with (SQLite's, and UTC_TIMESTAMP() on MariaDB/MySQL: the database's
     "now" in the claim, rescue_lost(), Run now, prune, ...) is UTC: east of UTC a lost
-    worker's attempt would never be rescued, west of it fresh rows would be pruned.
+    worker's attempt would never be rescued, west of it fresh rows would be pruned. On
+    MariaDB/MySQL a DATABASES TIME_ZONE other than UTC does the same with USE_TZ = True:
+    Django writes and reads the times in that zone, the server's "now" is UTC's. (SQLite's
+    "now" is this process's clock, written through Django: in the database's zone.)
     """
-    if not apps.is_installed("django_jobstate") or settings.USE_TZ or _is_utc(settings.TIME_ZONE):
+    if not apps.is_installed("django_jobstate"):
         return []
     from ..models import Job
 
-    return [
-        Error(
-            f"DATABASES[{alias!r}] is {connections[alias].display_name}, and USE_TZ = "
-            f"False with TIME_ZONE = {settings.TIME_ZONE!r}: django_jobstate would compare "
-            f"local times with the database's clock in UTC (lost workers never rescued, "
-            f"fresh jobs pruned).",
-            hint='Set USE_TZ = True (Django\'s default), or TIME_ZONE = "UTC".',
-            id="django_jobstate.E006",
-        )
-        for alias in connections
-        if connections[alias].vendor in ("sqlite", "mysql")
-        and router.allow_migrate_model(alias, Job)
-    ]
+    errors: list[CheckMessage] = []
+    for alias in connections:
+        connection = connections[alias]
+        if connection.vendor not in ("sqlite", "mysql"):
+            continue
+        if not router.allow_migrate_model(alias, Job):
+            continue
+        zone = connection.settings_dict.get("TIME_ZONE")
+        where = f"DATABASES[{alias!r}] is {connection.display_name}"
+        if not (settings.USE_TZ or _is_utc(settings.TIME_ZONE)):
+            errors.append(
+                Error(
+                    f"{where}, and USE_TZ = False with TIME_ZONE = {settings.TIME_ZONE!r}: "
+                    f"django_jobstate would compare local times with the database's clock "
+                    f"in UTC (lost workers never rescued, fresh jobs pruned).",
+                    hint='Set USE_TZ = True (Django\'s default), or TIME_ZONE = "UTC".',
+                    id="django_jobstate.E006",
+                )
+            )
+        elif connection.vendor == "mysql" and zone and not _is_utc(zone):
+            errors.append(
+                Error(
+                    f"{where} with TIME_ZONE = {zone!r}: Django stores its times in that "
+                    f"zone, and django_jobstate writes and compares them with the server's "
+                    f"clock in UTC (UTC_TIMESTAMP()): jobs would run hours early or late, "
+                    f"lost workers be rescued late or never.",
+                    hint=f'Remove DATABASES[{alias!r}]["TIME_ZONE"] (Django then stores UTC), '
+                    f'or set it to "UTC".',
+                    id="django_jobstate.E006",
+                )
+            )
+    return errors
 
 
 @register()

@@ -19,7 +19,7 @@ import copy
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
 from django.db import connections
@@ -210,6 +210,6 @@ class PreparedInserts:
         with connection.cursor() as cursor:
             cursor.execute(prepared.sql, params)
             pk, run_after, enqueued_at, *_ = cursor.fetchone()
-        if now is not None:  # the times written are the ones in hand: nothing to parse
-            return pk, now, now
+        if now is not None and connection.timezone in (None, UTC):
+            return pk, now, now  # the times written, as the ORM reads them back: no parse
         return pk, prepared.read_time(run_after), prepared.read_time(enqueued_at)
