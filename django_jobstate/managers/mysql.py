@@ -10,7 +10,6 @@ indexes give the others (InnoDB has neither): the claim order, and the unique in
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -193,15 +192,19 @@ class MySQLWrites(Writes):
             sql += f" ON DUPLICATE KEY UPDATE {qn('id')} = {qn('id')}"
         field = self.model._meta.get_field("result_id")  # char(32), or MariaDB's uuid
         sent = [field.get_db_prep_value(row[0], connection) for row in rows]
+        # Several rows' times are one clock reading (now_sql()): read once, from the first
+        # row, not converted for each of thousands (measured: a fifth of the read back).
+        times = "`run_after`, `enqueued_at`"
+        read = f"`id`, `result_id`, {times}" if len(rows) == 1 else "`id`, `result_id`"
         with transaction.atomic(using=db), connection.cursor() as cursor:
             cursor.execute(sql, params)
             marks = ", ".join(["%s"] * len(sent))
-            cursor.execute(
-                f"SELECT `id`, `result_id`, `run_after`, `enqueued_at` FROM {table} "
-                f"WHERE `result_id` IN ({marks})",
-                sent,
-            )
+            cursor.execute(f"SELECT {read} FROM {table} WHERE `result_id` IN ({marks})", sent)
             returned = cursor.fetchall()
+            clock: Sequence[Any] = returned[0][2:] if returned else ()
+            if returned and len(rows) > 1:
+                cursor.execute(f"SELECT {times} FROM {table} WHERE `id` = %s", [returned[0][0]])
+                clock = cursor.fetchone()
             held: dict[str, int] = {}
             if lock_held and len(returned) < len(rows):
                 scope = UniqueScope(cast(str, template.unique_scope))
@@ -209,10 +212,11 @@ class MySQLWrites(Writes):
                 holders = self.using(db).filter(HOLDS_KEY[scope], unique_key__in=keys)
                 locked = holders.select_for_update().values_list("unique_key", "pk")
                 held = {cast(str, key): pk for key, pk in locked}
-        written = {uuid.UUID(str(result_id)).hex: pk for pk, result_id, _, _ in returned}
+        # result_id reads back as MariaDB's uuid text (with dashes), or MySQL's char(32) hex.
+        written = {str(row[1]).replace("-", "").lower(): row[0] for row in returned}
         if not returned:  # every key was held: nothing read back to convert
             return written, held, (template.run_after, template.enqueued_at)
         meta = self.model._meta
-        run_after = from_db(connection, meta.get_field("run_after"), returned[0][2])
-        enqueued_at = from_db(connection, meta.get_field("enqueued_at"), returned[0][3])
+        run_after = from_db(connection, meta.get_field("run_after"), clock[0])
+        enqueued_at = from_db(connection, meta.get_field("enqueued_at"), clock[1])
         return written, held, (run_after, enqueued_at)
