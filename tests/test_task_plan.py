@@ -9,6 +9,7 @@ from django.db.models.signals import post_init
 from django.test import override_settings
 
 from django_jobstate.backend import JobStateBackend
+from django_jobstate.exceptions import InvalidPayload
 from django_jobstate.models import Job
 from django_jobstate.tasksapi import InvalidTask
 from tests import tasks
@@ -64,6 +65,10 @@ def test_an_enqueued_job_is_what_reading_its_row_gives():
         Job.objects.enqueue("tests.tasks.record", ["a"]),
         *Job.objects.enqueue_many("tests.tasks.record", [(["b"], {}), (["c"], {})]),
         Job.objects.enqueue("tests.tasks.record", ["d"], metadata={"n": [1]}, priority=3),
+        # JSON gives back a list for a tuple, a str key for an int one.
+        Job.objects.enqueue("tests.tasks.record", ["e"], metadata={"n": (1,), 2: "x"}),
+        *Job.objects.enqueue_many("tests.tasks.record", [(["f"], {})], metadata={3: (4,)}),
+        Job.objects.enqueue("tests.tasks.record", ["g"], metadata={5: ()}, unique_key="g"),
     ]:
         row = Job.objects.get(pk=job.pk)
         for field in Job._meta.concrete_fields:
@@ -71,6 +76,15 @@ def test_an_enqueued_job_is_what_reading_its_row_gives():
         assert job._state.db == row._state.db
         assert job._state.adding is False
         assert job.run_after == job.enqueued_at  # one clock reading for both
+
+
+def test_metadata_that_cannot_be_stored_is_refused_with_nothing_written():
+    with pytest.raises(InvalidPayload, match="Job metadata must be JSON"):
+        Job.objects.enqueue_many("tests.tasks.record", [(["a"], {})], metadata={"a": object()})
+    with pytest.raises(InvalidPayload, match="Job metadata must be a dict, not list"):
+        Job.objects.enqueue("tests.tasks.record", ["b"], metadata=["not", "a", "dict"])
+
+    assert not Job.objects.exists()
 
 
 @pytest.mark.skipif(connection.features.supports_timezones, reason="a database TIME_ZONE")

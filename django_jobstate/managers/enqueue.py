@@ -17,6 +17,7 @@ from .deps import Dependencies, Links
 from .insert import give
 from .limits import Limits
 from .prepared import PreparedInserts, job_builder
+from .progress import check_metadata
 from .result_ids import uuid7s
 from .unique import Call, EnqueueUnique, Row
 
@@ -95,7 +96,9 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
             "max_attempts": max_attempts,
             "backoff": backoff,
             "timeout": timeout,
-            "metadata": metadata,
+            # As it reads back (a tuple a list, an int key a str), and refused if it cannot
+            # be stored: the Jobs returned hold what their rows give.
+            "metadata": None if metadata is None else check_metadata(metadata),
         }
         db = router.db_for_write(self.model)
         plain = unique_keys is None and concurrency_keys is None and rate_limit is None
@@ -107,7 +110,7 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
             task_path=task_path,
             **{name: value for name, value in options.items() if name != "metadata"},
             unique_scope=None if unique_keys is None else unique_scope,
-            metadata={} if metadata is None else metadata,
+            metadata=options["metadata"] or {},
             trace_context=trace_context,
             schedule_name=schedule_name,
             scheduled_for=scheduled_for,
