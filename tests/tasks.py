@@ -139,6 +139,17 @@ def busy_loop(label: str) -> None:
         pass
 
 
+@task(takes_context=True, max_attempts=2, backoff=0)
+def changes_its_payload_in_place(context: TaskContext, items: list[str]) -> list[str]:
+    """Changes its list argument and its context's metadata without saving them (the
+    metadata into something JSON cannot store); the first attempt then fails."""
+    items.append("changed")
+    context.metadata["unsaved"] = object()  # type: ignore[attr-defined]
+    if context.attempt == 1:
+        raise ValueError("first attempt fails")
+    return items
+
+
 @task(takes_context=True, max_attempts=2, backoff=2)
 def fails_first_attempt(context: TaskContext) -> int:
     if context.attempt == 1:

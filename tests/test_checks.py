@@ -244,9 +244,9 @@ def test_naive_local_times_are_refused_where_the_database_has_no_time_zone(
 
 
 @pytest.mark.parametrize(("zone", "refused"), [("Europe/Paris", True), ("Etc/UTC", False)])
-def test_a_database_time_zone_is_refused_where_the_server_clock_is_utc(zone, refused):
-    """MariaDB/MySQL: Django stores times in the DATABASES TIME_ZONE, the claim compares
-    them with UTC_TIMESTAMP(). SQLite's clock is this process's, written through Django."""
+def test_a_database_time_zone_is_refused_where_the_database_has_none(zone, refused):
+    """SQLite and MariaDB/MySQL: Django stores times in the DATABASES TIME_ZONE, and the
+    rescue, prune and (on MariaDB/MySQL) the claim compare them with the clock in UTC."""
     wrapper = connections["default"]
     saved = wrapper.settings_dict["TIME_ZONE"]
     wrapper.settings_dict["TIME_ZONE"] = zone
@@ -255,12 +255,12 @@ def test_a_database_time_zone_is_refused_where_the_server_clock_is_utc(zone, ref
     finally:
         wrapper.settings_dict["TIME_ZONE"] = saved
 
-    refused = refused and connection.vendor == "mysql"
+    refused = refused and connection.vendor in ("sqlite", "mysql")
     assert [m.id for m in found] == (["django_jobstate.E006"] if refused else [])
     if refused:
-        assert f"TIME_ZONE = {zone!r}" in found[0].msg
+        assert f"its TIME_ZONE is {zone!r}" in found[0].msg
         assert found[0].hint == (
-            "Remove DATABASES['default'][\"TIME_ZONE\"] (Django then stores UTC), or set it "
+            "Remove TIME_ZONE from DATABASES['default'] (Django then stores UTC), or set it "
             'to "UTC".'
         )
 

@@ -254,6 +254,27 @@ def test_a_task_that_fails_once_succeeds_on_its_second_attempt():
     assert len(result.errors) == 1
 
 
+def test_a_retry_starts_from_the_stored_payload_not_what_the_attempt_changed_in_place():
+    """The next attempt is written from the failed row, not from the objects its body was
+    given: before, a list argument appended to was retried with the append, and metadata
+    changed in place into something JSON cannot store made the retry raise TypeError out
+    of the worker (its process exited, the failure was lost)."""
+    result = tasks.changes_its_payload_in_place.using(
+        run_after=in_the_past(), metadata={"kept": 1}
+    ).enqueue(["given"])
+
+    run_until_idle()
+
+    first, second = Job.objects.attempts_of(result.id)
+    assert (first.state, first.failure_reason, first.error_class) == (
+        State.FAILED,
+        FailureReason.ERROR,
+        "builtins.ValueError",
+    )
+    assert (second.args, second.metadata) == ([["given"]], {"kept": 1})
+    assert (second.state, second.return_value) == (State.SUCCEEDED, ["given", "changed"])
+
+
 @pytest.mark.parametrize(
     ("task_path", "final"),
     [

@@ -187,13 +187,11 @@ def _is_utc(name: str) -> bool:
 def check_sqlite_time_zone(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     """SQLite or MariaDB/MySQL with naive local times: refuse what the app cannot compare.
 
-    With USE_TZ = False, Django writes local naive times, while the clock the app writes
-    and compares with (SQLite's, and UTC_TIMESTAMP() on MariaDB/MySQL: the database's
-    "now" in the claim, rescue_lost(), Run now, prune, ...) is UTC: east of UTC a lost
-    worker's attempt would never be rescued, west of it fresh rows would be pruned. On
-    MariaDB/MySQL a DATABASES TIME_ZONE other than UTC does the same with USE_TZ = True:
-    Django writes and reads the times in that zone, the server's "now" is UTC's. (SQLite's
-    "now" is this process's clock, written through Django: in the database's zone.)
+    These databases keep naive times, which Django writes in UTC only with USE_TZ = True
+    and no DATABASES TIME_ZONE. The clock the app compares them with is UTC (SQLite's own,
+    UTC_TIMESTAMP() on MariaDB/MySQL: the "now" of rescue_lost(), Run now, prune, stuck
+    attempts, and the claim on MariaDB/MySQL): with local times, east of UTC a lost
+    worker's attempt would never be rescued, west of it fresh rows would be pruned.
     """
     if not apps.is_installed("django_jobstate"):
         return []
@@ -206,30 +204,30 @@ def check_sqlite_time_zone(app_configs: Any = None, **kwargs: Any) -> list[Check
             continue
         if not router.allow_migrate_model(alias, Job):
             continue
-        zone = connection.settings_dict.get("TIME_ZONE")
-        where = f"DATABASES[{alias!r}] is {connection.display_name}"
         if not (settings.USE_TZ or _is_utc(settings.TIME_ZONE)):
-            errors.append(
-                Error(
-                    f"{where}, and USE_TZ = False with TIME_ZONE = {settings.TIME_ZONE!r}: "
-                    f"django_jobstate would compare local times with the database's clock "
-                    f"in UTC (lost workers never rescued, fresh jobs pruned).",
-                    hint='Set USE_TZ = True (Django\'s default), or TIME_ZONE = "UTC".',
-                    id="django_jobstate.E006",
-                )
+            local, hint = (
+                f"USE_TZ = False with TIME_ZONE = {settings.TIME_ZONE!r}",
+                'Set USE_TZ = True (Django\'s default), or TIME_ZONE = "UTC".',
             )
-        elif connection.vendor == "mysql" and zone and not _is_utc(zone):
-            errors.append(
-                Error(
-                    f"{where} with TIME_ZONE = {zone!r}: Django stores its times in that "
-                    f"zone, and django_jobstate writes and compares them with the server's "
-                    f"clock in UTC (UTC_TIMESTAMP()): jobs would run hours early or late, "
-                    f"lost workers be rescued late or never.",
-                    hint=f'Remove DATABASES[{alias!r}]["TIME_ZONE"] (Django then stores UTC), '
-                    f'or set it to "UTC".',
-                    id="django_jobstate.E006",
-                )
+        elif settings.USE_TZ and not _is_utc(
+            zone := connection.settings_dict.get("TIME_ZONE") or "UTC"
+        ):
+            local, hint = (
+                f"its TIME_ZONE is {zone!r}",
+                f"Remove TIME_ZONE from DATABASES[{alias!r}] (Django then stores UTC), or "
+                f'set it to "UTC".',
             )
+        else:
+            continue
+        errors.append(
+            Error(
+                f"DATABASES[{alias!r}] is {connection.display_name}, and {local}: "
+                f"django_jobstate would compare local times with the database's clock in "
+                f"UTC (lost workers never rescued, fresh jobs pruned, jobs run early or late).",
+                hint=hint,
+                id="django_jobstate.E006",
+            )
+        )
     return errors
 
 

@@ -70,16 +70,20 @@ class Retry(Dependencies):
                 # deadlock with a prune waiting for it (one in ten races on MariaDB).
                 no_key = connection.features.has_select_for_no_key_update  # not MySQL
                 kept = self.using(db).filter(pk=job.pk).select_for_update(no_key=no_key)
-                marks = kept.values_list("has_dependents", flat=True)
+                # The payload as stored, not `job`'s: the attempt ran with these objects, and
+                # a task may have changed them in place (its context's metadata, a list
+                # argument) without saving, even into something JSON cannot store.
+                marks = kept.values_list("has_dependents", "args", "kwargs", "metadata")
                 if not marks:
                     raise LostRace(
                         f"Job {job.pk} was deleted (pruned) before its next attempt was "
                         f"written: nothing was retried."
                     )
-                has_dependents = marks[0]  # read under the lock: a dependent's mark is final
+                # Read under the lock: a dependent's mark is final.
+                has_dependents, args, kwargs, metadata = marks[0]
                 # Through the gate of an enqueue: its slot first, then its rate (rates.py).
                 hold = Hold.LIMIT if job.concurrency_key else Hold.RATE if job.rate_limit else None
-                pending, args, kwargs = None, job.args, job.kwargs
+                pending = None
                 if job.pending_deps is not None:  # it depends on others: held until they succeed
                     pending, _ = self._pending_for(db, job.result_id)
                     hold = Hold.DEPS if pending else hold
@@ -104,7 +108,7 @@ class Retry(Dependencies):
                     timeout=job.timeout,
                     unique_key=job.unique_key,
                     unique_scope=job.unique_scope,
-                    metadata=job.metadata,
+                    metadata=metadata,
                     trace_context=job.trace_context,
                     schedule_name=job.schedule_name,
                     scheduled_for=job.scheduled_for,
