@@ -134,8 +134,8 @@ class PreparedInserts:
         template = self.model(
             task_path=task_path,
             **{name: value for name, value in options.items() if name != "metadata"},
-            # Its own copy: kept for later calls, and Jobs built from it when first read.
-            metadata=copy.deepcopy(metadata) if metadata else {},
+            # Its own already: enqueue_many() took it through check_metadata(), a new dict.
+            metadata=metadata or {},
         )
         connection = connections[db]
         sql = None
