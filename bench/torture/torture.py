@@ -1249,6 +1249,9 @@ def main(argv: list[str] | None = None) -> int:
             )
         print()
         print("FAILED: " + ", ".join(failed) if failed else "OK: every must-be-zero figure is 0")
+        for key in failed:  # again at the end, where a log cut short in the middle shows them
+            for example in figures[key].examples[:5]:
+                print(f"  {key}: {example}")
     finally:
         torture.cleanup()
         from django.db import connections

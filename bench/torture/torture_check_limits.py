@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from bench.torture.torture_check import CLOCK_SLACK, Faults, Figure, _overlaps, describe
@@ -67,7 +67,7 @@ def limit_figures(
     over, after_rescue = 0, 0
     for key_spans in spans.values():
         limit = key_spans[0].job["concurrency_limit"]
-        over += _over(key_spans, limit, examples)
+        over += _over(key_spans, limit, examples, faults)
         for span in key_spans:
             if span.end <= span.until:
                 continue
@@ -84,7 +84,9 @@ def limit_figures(
             else:
                 over += len(later)
                 examples["limit_over_bodies"].append(
-                    f"{describe(span.job)}: its body ran on after it was failed, unexplained"
+                    f"{_describe(span, faults)}: its body ran on after it was failed, "
+                    f"unexplained; began meanwhile: "
+                    + "; ".join(_describe(s, faults) for s in later)
                 )
     holders = (
         Job.objects.filter(HOLDS_SLOT, concurrency_key=OuterRef("concurrency_key"))
@@ -200,7 +202,23 @@ def _silenced(job: Row, faults: Faults) -> bool:
     )
 
 
-def _over(spans: list[Span], limit: int, examples: Any) -> int:
+def _describe(span: Span, faults: Faults) -> str:
+    """A job, and its body's span in the database clock's time of day."""
+
+    def at(mono: float) -> str:
+        if mono == float("inf"):
+            return "never"
+        stamp = mono + faults.workload.mono_to_db
+        return datetime.fromtimestamp(stamp, tz=UTC).strftime("%H:%M:%S.%f")[:-3]
+
+    how = "stamped by the body" if span.exact else "read from its rows"
+    return (
+        f"{describe(span.job)} [body {at(span.start)} to {at(span.end)}, counted until "
+        f"{at(span.until)}, {how}]"
+    )
+
+
+def _over(spans: list[Span], limit: int, examples: Any, faults: Faults) -> int:
     """How many bodies began while `limit` others of the key ran (each counted until
     `until`: a rescued one until its row ended)."""
     over = 0
@@ -213,7 +231,7 @@ def _over(spans: list[Span], limit: int, examples: Any) -> int:
         if len(running) >= limit:
             over += 1
             examples["limit_over_bodies"].append(
-                f"{describe(span.job)} began while {len(running)} ran: "
-                + "; ".join(describe(s.job) for s in running)
+                f"{_describe(span, faults)} began while {len(running)} ran: "
+                + "; ".join(_describe(s, faults) for s in running)
             )
     return over
