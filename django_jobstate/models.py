@@ -14,6 +14,7 @@ from .limits import fields as limit_fields
 from .limits.fields import ConcurrencyLock as ConcurrencyLock
 from .limits.fields import TaskRate as TaskRate
 from .managers import JobManager
+from .payload import PayloadField
 from .queues import JobQueue as JobQueue
 from .schedules.model import Schedule as Schedule
 from .states import LIVE_STATES, FailureReason, State
@@ -59,8 +60,8 @@ class Job(limit_fields.ConcurrencyFields, WorkflowFields):
         db_index=False,
     )
     task_path = models.CharField(_("task"), max_length=255, editable=False)
-    args = models.JSONField(_("args"), default=list, editable=False)
-    kwargs = models.JSONField(_("kwargs"), default=dict, editable=False)
+    args = PayloadField(_("args"), default=list, editable=False)
+    kwargs = PayloadField(_("kwargs"), default=dict, editable=False)
     backend = models.CharField(_("backend alias"), max_length=100, **_DEFAULT)
     queue_name = models.CharField(_("queue"), max_length=100, **_DEFAULT)
     priority = models.SmallIntegerField(_("priority"), default=0, db_default=0)
@@ -83,7 +84,7 @@ class Job(limit_fields.ConcurrencyFields, WorkflowFields):
     worker_id = models.CharField(  # noqa: DJ001
         _("worker"), max_length=64, null=True, blank=True, editable=False
     )
-    return_value = models.JSONField(_("return value"), null=True, blank=True, editable=False)
+    return_value = PayloadField(_("return value"), null=True, blank=True, editable=False)
     failure_reason = models.CharField(
         _("failure reason"),
         max_length=16,
@@ -124,9 +125,7 @@ class Job(limit_fields.ConcurrencyFields, WorkflowFields):
     deduplicated = False  # True on the live job a unique key's enqueue returned instead
     # What the task says of itself ("42 of 100 rows"): set at enqueue, saved by the task
     # while it runs (JobStateContext.save_metadata), copied to the next attempt.
-    metadata = models.JSONField(
-        _("metadata"), default=dict, db_default={}, blank=True, editable=False
-    )
+    metadata = PayloadField(_("metadata"), default=dict, db_default={}, blank=True, editable=False)
     # The W3C trace context of the enqueue, with JOBSTATE_TRACING (tracing.py); NULL without.
     trace_context = models.JSONField(_("trace context"), null=True, blank=True, editable=False)
     # When someone asked to cancel this attempt (database clock): set with the move to

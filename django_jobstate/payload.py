@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
+
+from django.db import models
 
 from .conf import get_settings
 from .exceptions import InvalidPayload
@@ -21,6 +24,55 @@ _encode = json.JSONEncoder(allow_nan=False, ensure_ascii=False).encode
 # Most calls' keyword arguments, and many calls' arguments: they need no encoding at all.
 _EMPTY: dict[type, str] = {list: "[]", dict: "{}"}
 
+# A JSON string (skipped whole), or a number json wrote with a positive exponent: a float
+# of 1e16 or more, the only numbers it writes so (it writes ints in full).
+_STRING_OR_EXPONENT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?[0-9.]+e\+[0-9]+)')
+
+
+def exact_floats(text: str) -> str:
+    """`text` (JSON from json's encoder) with each float of 1e16 and up written out in full.
+
+    PostgreSQL's jsonb keeps numbers as numeric: `1e+16` read back as the int
+    10000000000000000, and `1e+308` as 10**308, which is not even the float's value. Such a
+    float is a whole number, so its full decimal form is exact: `10000000000000000.0`
+    reads back as the same float from every database. (A text with no "e+" is returned as
+    is: nearly every payload.)
+    """
+    if "e+" not in text:
+        return text
+    return _STRING_OR_EXPONENT.sub(lambda m: m[0] if m[1] is None else f"{float(m[1]):.1f}", text)
+
+
+def dumps(value: Any) -> str:
+    """The JSON text of a payload already checked (encode_payload()), as stored."""
+    return exact_floats(_encode(value))
+
+
+class PayloadEncoder(json.JSONEncoder):
+    """json's encoder, floats as exact_floats() writes them."""
+
+    def encode(self, o: Any) -> str:
+        return exact_floats(super().encode(o))
+
+
+class PayloadField(models.JSONField):
+    """A payload's column (arguments, return value, metadata): a JSONField that the ORM
+    writes with PayloadEncoder, as the app's own statements write dumps().
+
+    It deconstructs as Django's JSONField without the encoder, which changes no column:
+    migrations see no change (an AlterField would make SQLite copy the whole job table).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("encoder", PayloadEncoder)
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self) -> Any:
+        name, _, args, kwargs = super().deconstruct()
+        if kwargs.get("encoder") is PayloadEncoder:
+            del kwargs["encoder"]
+        return name, "django.db.models.JSONField", args, kwargs
+
 
 def encode_payload(value: Any, what: str) -> tuple[Any, str]:
     """Return `value` as it will read back from JSON, and its JSON; or raise InvalidPayload."""
@@ -31,12 +83,12 @@ def encode_payload(value: Any, what: str) -> tuple[Any, str]:
         return type(value)(), empty
     try:
         try:
-            text = _encode(value)
+            text = dumps(value)
         except TypeError as exc:
             # Take what Django's backends take (UTF-8 bytes as text, any mapping, any
             # sequence); say what json said of anything else.
             try:
-                text = _encode(normalize_json(value))
+                text = dumps(normalize_json(value))
             except (TypeError, ValueError):
                 raise exc from None
         size = len(text.encode())  # lone surrogates cannot be stored as text

@@ -48,7 +48,7 @@ Count: 107 upstream behaviours (Django: test_tasks 29, test_immediate_backend 16
 test_dummy_backend 5, test_custom_backend 3, capability flags 2, normalize_json 2,
 signals 4; django-tasks-db: backend 20, worker 18, pruning 2, worker processes 6), all
 passing on SQLite and PostgreSQL; and 2 of our own found while probing JSON: keys read
-back as JSON makes them (passes), large floats on PostgreSQL (xfail, strict).
+back as JSON makes them, and large floats read back as the same floats on PostgreSQL too.
 """
 
 import dataclasses
@@ -241,25 +241,22 @@ def test_keys_read_back_as_json_makes_them():
     assert read.return_value == {"1": "a", "null": "b", "2.5": "c"}
 
 
-@pytest.mark.xfail(
-    POSTGRES,
-    strict=True,
-    reason="PostgreSQL's jsonb stores numbers as numeric: a float that json writes with a "
-    "positive exponent (1e+16 and up) reads back as an int (1e308 as 10**308, another "
-    "value), in arguments and return values alike. Keeping it a float needs our own JSON "
-    "number format for both writes (payload.py, and the return value's write in "
-    "managers/): more than a small change.",
-)
-@pytest.mark.parametrize("value", [1e16, 1.5e300, 1e308])
+@pytest.mark.parametrize("value", [1e16, -1.5e300, 1e308])
 def test_a_large_float_reads_back_as_the_same_float(value):
-    result = tasks.echo.enqueue(value)
+    # PostgreSQL's jsonb stores numbers as numeric: json's `1e+16` read back as an int, and
+    # `1e+308` as 10**308, another value. payload.exact_floats() writes them out in full.
+    payload = [value, {"in a string": "1e+16", "1e+16": value}]
+    result = tasks.echo.enqueue(payload)
+    Job.objects.filter(result_id=result.id).update(metadata={"m": value})  # the ORM's write
     run_worker()
 
     read = tasks.echo.get_result(result.id)
-    assert read.args == result.args == [value]
-    assert type(read.args[0]) is float
-    assert type(read.return_value) is float
-    assert read.return_value == value
+    stored = Job.objects.get(result_id=result.id)
+    assert read.args == result.args == [payload]
+    assert read.return_value == payload
+    for found in (read.args[0][0], read.return_value[0], stored.metadata["m"]):
+        assert type(found) is float
+        assert found == value
 
 
 @pytest.mark.parametrize("how", ["enqueue", "aenqueue"])

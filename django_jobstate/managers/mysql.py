@@ -9,7 +9,6 @@ indexes give the others (InnoDB has neither): the claim order, and the unique in
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any, cast
 from django.db import connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 
+from ..payload import dumps
 from ..states import State
 from ..uniqueness import HOLDS_KEY, UniqueScope
 from .base import PER_CALL, ClaimKey, Writes, claim_key, from_db, now_sql
@@ -125,7 +125,7 @@ class MySQLWrites(Writes):
         dependents only if `linked` (deps.py), as on the other databases."""
         connection = connections[db]
         table = connection.ops.quote_name(self.model._meta.db_table)
-        values = {job.pk: json.dumps(value) for job, value in outcomes}
+        values = {job.pk: dumps(value) for job, value in outcomes}
         now, now_params = now_sql(connection)
         with transaction.atomic(using=db), connection.cursor() as cursor:
             marks = ", ".join(["%s"] * len(values))

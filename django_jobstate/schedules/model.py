@@ -12,6 +12,7 @@ from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
 from ..db import indexes as db_indexes
+from ..payload import PayloadField
 from .definitions import CATCH_UP, DEFAULT_MAX_LATENESS
 
 
@@ -37,8 +38,8 @@ class Schedule(models.Model):
     cron = models.CharField(_("cron"), max_length=200, blank=True)
     every = models.FloatField(_("every (s)"), null=True, blank=True)
     timezone = models.CharField(_("time zone"), max_length=64)
-    args = models.JSONField(_("args"), default=list, blank=True)
-    kwargs = models.JSONField(_("kwargs"), default=dict, blank=True)
+    args = PayloadField(_("args"), default=list, blank=True)
+    kwargs = PayloadField(_("kwargs"), default=dict, blank=True)
     backend = models.CharField(_("backend alias"), max_length=100, editable=False)
     queue_name = models.CharField(_("queue"), max_length=100)
     priority = models.SmallIntegerField(_("priority"), default=0)
