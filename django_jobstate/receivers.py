@@ -45,14 +45,21 @@ def configure_sqlite(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any
 # client and drops it within this share of JOBSTATE_LOST_AFTER: keepalive probes while
 # nothing is in flight, tcp_user_timeout while the server's data waits unacknowledged.
 # (A transaction of ours left idle ends sooner: managers.base.IDLE_IN_WRITE_SHARE.)
+# A client that is gone (a worker process killed) while its statement waits on a lock is
+# noticed only when that statement ends: a claim queued behind a migration's lock on the
+# job table would then commit for a dead worker, after its supervisor settled it. The
+# server checks each CLIENT_CHECK_MS that the client of a running statement is still
+# there (PostgreSQL 14+, on Linux and the BSDs), and ends the session if not.
 DEAD_PEER_SHARE = 0.5
 KEEPALIVE_COUNT = 3
 KEEPALIVE_MAX = 32767  # seconds: Linux's limit for the idle time and the interval
+CLIENT_CHECK_MS = 1000
 
 
 def dead_peer_settings(lost_after: float) -> dict[str, int]:
-    """PostgreSQL's per-session TCP settings that drop a dead client within
-    DEAD_PEER_SHARE of `lost_after`: idle + count x interval, or the user timeout (ms)."""
+    """PostgreSQL's per-session settings that drop a dead client within DEAD_PEER_SHARE of
+    `lost_after`: idle + count x interval, or the user timeout (ms); and, while a statement
+    of a gone client runs or waits, within CLIENT_CHECK_MS."""
     window = lost_after * DEAD_PEER_SHARE
     idle = min(KEEPALIVE_MAX, max(1, int(window / 2)))
     interval = min(KEEPALIVE_MAX, max(1, int(window / 2 / KEEPALIVE_COUNT)))
@@ -61,6 +68,7 @@ def dead_peer_settings(lost_after: float) -> dict[str, int]:
         "tcp_keepalives_interval": interval,
         "tcp_keepalives_count": KEEPALIVE_COUNT,
         "tcp_user_timeout": min(2**31 - 1, max(1, int(window * 1000))),
+        "client_connection_check_interval": min(CLIENT_CHECK_MS, max(1, int(window * 1000))),
     }
 
 

@@ -1,6 +1,8 @@
 """runjobs --in-flight under database faults: one attempt's deadline is kept while the
 worker's loop waits on the database, and its neighbours run on."""
 
+import os
+import signal
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -21,18 +23,20 @@ KILLED = "stopping the worker process"
 
 
 @contextmanager
-def job_table_locked() -> Iterator[None]:
+def job_table_locked(reads: bool = True) -> Iterator[None]:
     """Hold the job table from another connection, as a migration does: PostgreSQL's
     ACCESS EXCLUSIVE lock (no read, no write), MariaDB's/MySQL's LOCK TABLES ... WRITE
-    (no read, no write), SQLite's write lock (no write)."""
+    (no read, no write), SQLite's write lock (no write). Not `reads`: writes wait, and
+    reads (a plain SELECT) go on."""
     if connection.vendor == "postgresql":
         lock = connection.get_new_connection(connection.get_connection_params())
         lock.autocommit = True
         lock.execute("BEGIN")
-        lock.execute("LOCK TABLE django_jobstate_job IN ACCESS EXCLUSIVE MODE")
+        mode = "ACCESS EXCLUSIVE" if reads else "EXCLUSIVE"
+        lock.execute(f"LOCK TABLE django_jobstate_job IN {mode} MODE")
     elif connection.vendor == "mysql":
         lock = connection.get_new_connection(connection.get_connection_params())
-        lock.query("LOCK TABLES django_jobstate_job WRITE")
+        lock.query(f"LOCK TABLES django_jobstate_job {'WRITE' if reads else 'READ'}")
         try:
             yield
         finally:
@@ -74,3 +78,61 @@ def test_an_async_deadline_is_kept_while_the_worker_waits_on_a_locked_job_table(
         [job] = Job.objects.filter(result_id=result.id)
         assert job.state == State.SUCCEEDED, output
     assert proc.returncode == 0
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql",
+    reason="PostgreSQL's claim is one statement, which commits by itself: elsewhere a claim "
+    "is a transaction, whose COMMIT a killed worker never sends (and SQLite's ends with "
+    "its process)",
+)
+def test_a_claim_left_waiting_by_a_killed_worker_never_commits(runjobs):
+    """A worker killed while its claim waits on a locked job table (a migration's lock)
+    had its claim commit once the lock was gone, for a worker its supervisor had already
+    settled: the job was failed as lost without having run. The server now ends a gone
+    client's statement (receivers.CLIENT_CHECK_MS), so the claim never commits."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from django_jobstate.models import WorkerHeartbeat
+
+    proc = runjobs.start("--concurrency", "1")
+    wait_for(lambda: WorkerHeartbeat.objects.exclude(supervisor="").exists(), timeout=60)
+    due = timezone.now() + timedelta(seconds=1)
+    result = tasks.noop.using(run_after=due).enqueue()
+    killed: list[str] = []
+    began = None
+    with job_table_locked(reads=False):  # writes wait, reads go on
+        # A claim that began before the job was due finds nothing: its worker is killed,
+        # and the next one's claim waits, until one began after. Then the supervisor is
+        # stopped, so that no new worker's claim takes the job first.
+        while began is None or began < due:
+            wait_for(lambda after=began: newest_waiting_claim(after) is not None, timeout=30)
+            began = newest_waiting_claim(began)
+            alive = WorkerHeartbeat.objects.exclude(supervisor="").exclude(worker_id__in=killed)
+            [(worker_id, pid)] = alive.values_list("worker_id", "pid")
+            if began >= due:
+                os.kill(proc.pid, signal.SIGSTOP)
+            os.kill(pid, signal.SIGKILL)
+            killed.append(worker_id)
+        time.sleep(2.5)  # longer than the server takes to see its client gone
+    time.sleep(0.5)
+    os.kill(proc.pid, signal.SIGCONT)
+    wait_for(lambda: Job.objects.filter(result_id=result.id, state=State.SUCCEEDED), timeout=60)
+    output = runjobs.stop(proc)
+    attempts = Job.objects.filter(result_id=result.id)
+    assert not attempts.filter(worker_id__in=killed).exists(), output
+    assert not attempts.filter(failure_reason=FailureReason.LOST).exists(), output
+
+
+def newest_waiting_claim(after):
+    """When the newest claim waiting on a lock began, if after `after`; else None."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT MAX(query_start) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND query LIKE %s",
+            ["%WITH picked AS MATERIALIZED%"],
+        )
+        began = cursor.fetchone()[0]
+    return None if began is None or (after is not None and began <= after) else began

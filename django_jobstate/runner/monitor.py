@@ -15,7 +15,9 @@ anything else (a bug); the thread itself outlives any exception, saying so in th
 
 from __future__ import annotations
 
+import functools
 import logging
+import math
 import os
 import threading
 import time
@@ -30,6 +32,13 @@ if TYPE_CHECKING:
     from .supervisor import Supervisor
 
 logger = logging.getLogger("django_jobstate.worker")
+
+# A statement a worker sent before it died may still commit: a claim queued behind a lock
+# on the job table (a migration's) commits once the lock is gone, for a worker already
+# settled. The server ends a gone client's statement within receivers.CLIENT_CHECK_MS
+# (PostgreSQL); this long after its settle, the worker's rows are looked at once more, and
+# what it claimed then, never started, is handed back (not failed as lost).
+SETTLE_AGAIN_AFTER = 1.5
 
 
 def release(worker_id: str, pks: list[int]) -> None:
@@ -64,6 +73,7 @@ class Monitor(threading.Thread):
             vouching=self.is_alive,  # a monitor gone (a bug) settles nothing more
         )
         self._pending: list[Callable[[], None]] = []
+        self._later: list[tuple[float, Callable[[], None]]] = []  # (monotonic time, write)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._done = threading.Event()
@@ -79,10 +89,13 @@ class Monitor(threading.Thread):
         reason: FailureReason,
         error: BaseException,
         timed_out: int | None,
+        *,
+        again_later: bool = True,
     ) -> None:
         """A write for submit() (the heart vouches for the worker until then): fail the
-        attempts of a worker process that ended, then forget its row. Refused for good,
-        its attempts are left to the rescue of lost workers."""
+        attempts of a worker process that ended and, SETTLE_AGAIN_AFTER later, hand back
+        what it claimed as it died, then forget its row. Refused for good, its attempts
+        are left to the rescue of lost workers."""
         from ..managers import connection_lost
         from ..models import Job
 
@@ -95,7 +108,12 @@ class Monitor(threading.Thread):
             again = connection_lost(exc)
             raise
         finally:
-            if not again:
+            if not again and again_later:  # none started: its running rows are handed back
+                late = functools.partial(
+                    self.settle, worker_id, set(), reason, error, None, again_later=False
+                )
+                self.submit_later(SETTLE_AGAIN_AFTER, late)
+            elif not again:
                 self.heart.forget(worker_id)
 
     def check_cancels_soon(self) -> None:
@@ -106,6 +124,17 @@ class Monitor(threading.Thread):
         with self._lock:
             self._pending.append(write)
         self._wake.set()
+
+    def submit_later(self, delay: float, write: Callable[[], None]) -> None:
+        with self._lock:
+            self._later.append((time.monotonic() + delay, write))
+
+    def _due(self) -> None:
+        """Move the later writes that are due (all of them once stopping) to the queue."""
+        until = math.inf if self._done.is_set() else time.monotonic()
+        with self._lock:
+            self._pending.extend(write for at, write in self._later if at <= until)
+            self._later = [(at, write) for at, write in self._later if at > until]
 
     def written(self) -> bool:
         """Whether every write submitted so far is done (a write leaves the queue once it
@@ -123,6 +152,7 @@ class Monitor(threading.Thread):
         try:
             while True:
                 try:
+                    self._due()
                     self._write_pending(close_connection)
                     if self._done.is_set() and not self._pending:
                         return
