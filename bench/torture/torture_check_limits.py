@@ -166,6 +166,11 @@ class Span:
     exact: bool
     job: Row
 
+    @property
+    def until_exact(self) -> bool:
+        """Whether `until` is the body's own stamp, not its row's end."""
+        return self.exact and self.until == self.end
+
 
 def _span(e: Row, job: Row, faults: Faults) -> Span:
     """When the body ran (see the module's docstring)."""
@@ -225,8 +230,10 @@ def _over(spans: list[Span], limit: int, examples: Any, faults: Faults) -> int:
     for span in spans:
         running = []
         for s in spans:
-            slack = 0.0 if s.exact and span.exact else SLACK
-            if s is not span and s.start < span.start - slack and span.start < s.until - slack:
+            # No slack between two stamps of the bodies (one clock), else CLOCK_SLACK.
+            before = 0.0 if s.exact and span.exact else SLACK
+            after = 0.0 if span.exact and s.until_exact else SLACK
+            if s is not span and s.start < span.start - before and span.start < s.until - after:
                 running.append(s)
         if len(running) >= limit:
             over += 1
