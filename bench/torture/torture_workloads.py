@@ -491,9 +491,14 @@ class Workloads:
     def may_freeze(self, supervisor: Any) -> bool:
         """Not a supervisor running an overrun or a held interpreter: stopped past its
         deadline, its body would go on past it. (A plain attempt whose deadline falls in
-        the stop is failed late by its own supervisor once resumed: listed apart.)"""
+        the stop is failed late by its own supervisor once resumed: listed apart.) Nor one
+        with a worker paused: the pause's end would SIGCONT that worker alone, and it would
+        run on while its supervisor, stopped, could not stop it at a deadline."""
         from bench.torture import torture_tasks as tt
         from django_jobstate.models import Job
+
+        if any(p.worker_id.startswith(supervisor.prefix) for _, p in self.paused.values()):
+            return False
 
         def safe() -> bool:
             running = Job.objects.running().filter(worker_id__startswith=supervisor.prefix)
