@@ -305,7 +305,8 @@ pg_bindir() {
 }
 
 # apt_install PKG...: non-interactive apt-get install (root only), running
-# `apt-get update` at most once per process.
+# `apt-get update` at most once per process. apt's output goes to stderr: scripts/pg
+# and scripts/mysql print shell code on stdout for eval, and may install on the way.
 apt_install() {
     local rc=0 conf=/etc/postgresql-common/createcluster.d/zz-jobstate-no-main-cluster.conf
     if [[ $EUID -ne 0 ]] || ! command -v apt-get >/dev/null 2>&1; then
@@ -315,7 +316,7 @@ apt_install() {
     # Wait for another apt/dpkg (e.g. unattended-upgrades) instead of failing.
     local -a apt=(apt-get -o DPkg::Lock::Timeout=300)
     if [[ -z ${_JOBSTATE_APT_UPDATED:-} ]]; then
-        "${apt[@]}" update -qq || return 1
+        "${apt[@]}" update -qq >&2 || return 1
         _JOBSTATE_APT_UPDATED=1
     fi
     # The postgresql package would otherwise create (and in containers start)
@@ -331,7 +332,7 @@ apt_install() {
         printf '#!/bin/sh\n# Added by django-jobstate scripts/lib.sh apt_install\nexit 101\n' \
             >"$policy" && chmod 755 "$policy" && made_policy=1
     fi
-    DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "$@" ||
+    DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "$@" >&2 ||
         rc=$?
     rm -f "$conf"
     if [[ -n $made_policy ]]; then rm -f "$policy"; fi
