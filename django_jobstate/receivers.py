@@ -47,9 +47,11 @@ def configure_sqlite(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any
 # (A transaction of ours left idle ends sooner: managers.base.IDLE_IN_WRITE_SHARE.)
 # A client that is gone (a worker process killed) while its statement waits on a lock is
 # noticed only when that statement ends: a claim queued behind a migration's lock on the
-# job table would then commit for a dead worker, after its supervisor settled it. The
-# server checks each CLIENT_CHECK_MS that the client of a running statement is still
-# there (PostgreSQL 14+, on Linux and the BSDs), and ends the session if not.
+# job table would then commit for a dead worker, after its supervisor settled it. Where
+# it can, the server checks each CLIENT_CHECK_MS that the client of a running statement is
+# still there, and ends the session if not (client_connection_check_interval: PostgreSQL
+# 14 on Linux, 15+ on macOS and the BSDs too, never on Windows). Elsewhere the server
+# refuses the setting; the session goes on without it (runner.monitor settles again).
 DEAD_PEER_SHARE = 0.5
 KEEPALIVE_COUNT = 3
 KEEPALIVE_MAX = 32767  # seconds: Linux's limit for the idle time and the interval
@@ -58,8 +60,7 @@ CLIENT_CHECK_MS = 1000
 
 def dead_peer_settings(lost_after: float) -> dict[str, int]:
     """PostgreSQL's per-session settings that drop a dead client within DEAD_PEER_SHARE of
-    `lost_after`: idle + count x interval, or the user timeout (ms); and, while a statement
-    of a gone client runs or waits, within CLIENT_CHECK_MS."""
+    `lost_after`: idle + count x interval, or the user timeout (ms)."""
     window = lost_after * DEAD_PEER_SHARE
     idle = min(KEEPALIVE_MAX, max(1, int(window / 2)))
     interval = min(KEEPALIVE_MAX, max(1, int(window / 2 / KEEPALIVE_COUNT)))
@@ -68,21 +69,41 @@ def dead_peer_settings(lost_after: float) -> dict[str, int]:
         "tcp_keepalives_interval": interval,
         "tcp_keepalives_count": KEEPALIVE_COUNT,
         "tcp_user_timeout": min(2**31 - 1, max(1, int(window * 1000))),
-        "client_connection_check_interval": min(CLIENT_CHECK_MS, max(1, int(window * 1000))),
     }
 
 
+def client_check_settings(lost_after: float) -> dict[str, int]:
+    """The settings that end a gone client's running statement within CLIENT_CHECK_MS (or
+    DEAD_PEER_SHARE of `lost_after`, if sooner), where the server can check."""
+    window_ms = int(lost_after * DEAD_PEER_SHARE * 1000)
+    return {"client_connection_check_interval": min(CLIENT_CHECK_MS, max(1, window_ms))}
+
+
+def set_where_accepted(cursor: Any, values: dict[str, int]) -> None:
+    """Set each of `values` for the session, unless the server refuses it (a bad value, or
+    one it cannot honour here; an unknown name): the session then goes on as it was."""
+    for name, value in values.items():
+        # DO takes no parameters: the name is ours and the value an int.
+        cursor.execute(
+            f"DO $$ BEGIN PERFORM set_config('{name}', '{int(value)}', false); "
+            "EXCEPTION WHEN invalid_parameter_value OR undefined_object THEN NULL; END $$"
+        )
+
+
 def keep_alive(sender: Any, connection: BaseDatabaseWrapper, **kwargs: Any) -> None:
-    """Set dead_peer_settings() on a new PostgreSQL connection of a runjobs process."""
+    """Set dead_peer_settings() and, where the server can check, client_check_settings()
+    on a new PostgreSQL connection of a runjobs process."""
     if connection.vendor != "postgresql":
         return
     from .conf import get_settings
 
-    values = dead_peer_settings(get_settings().LOST_AFTER)
+    lost_after = get_settings().LOST_AFTER
+    values = dead_peer_settings(lost_after)
     calls = ", ".join(["set_config(%s, %s, false)"] * len(values))
     params = [part for name, value in values.items() for part in (name, str(value))]
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT {calls}", params)
+        set_where_accepted(cursor, client_check_settings(lost_after))
 
 
 def watch_for_dead_peers() -> None:

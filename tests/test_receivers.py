@@ -12,7 +12,7 @@ from django.db import OperationalError, connection, transaction
 
 from django_jobstate.conf import get_settings
 from django_jobstate.models import Job
-from django_jobstate.receivers import dead_peer_settings
+from django_jobstate.receivers import client_check_settings, dead_peer_settings, set_where_accepted
 from django_jobstate.states import State
 from tests import tasks
 from tests.conftest import keep_a_worker_writing
@@ -69,7 +69,10 @@ def test_runjobs_connections_drop_a_dead_peer_within_the_lost_after_window(runjo
     probes = default["tcp_keepalives_count"] * default["tcp_keepalives_interval"]
     assert default["tcp_keepalives_idle"] + probes <= 15
     assert default["tcp_user_timeout"] == 15_000
-    expected = dead_peer_settings(get_settings().LOST_AFTER)
+    lost_after = get_settings().LOST_AFTER
+    # This server (Linux, PostgreSQL 14+) can check for a gone client: it takes the setting.
+    expected = {**dead_peer_settings(lost_after), **client_check_settings(lost_after)}
+    assert expected["client_connection_check_interval"] == 1000
     result = tasks.shows_settings.enqueue(list(expected))
     done = runjobs.run("--burst", "--in-flight", in_flight)
     assert done.returncode == 0, done.stdout
@@ -79,3 +82,24 @@ def test_runjobs_connections_drop_a_dead_peer_within_the_lost_after_window(runjo
     with connection.cursor() as cursor:
         cursor.execute("SHOW tcp_user_timeout")
         assert cursor.fetchone() == ("0",)
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's settings")
+@pytest.mark.parametrize(
+    "refused",
+    [
+        {"client_connection_check_interval": -1},  # refused as a platform refuses 1000
+        {"jobstate_no_such_setting": 1},  # unknown, as before PostgreSQL 14
+    ],
+)
+def test_a_setting_the_server_refuses_leaves_the_session_as_it_was(refused):
+    """Where the server cannot check for a gone client it refuses the check's setting:
+    runjobs' connections must still open, with the settings that were accepted."""
+    with connection.cursor() as cursor:
+        set_where_accepted(cursor, {**refused, "client_connection_check_interval": 700})
+        cursor.execute("SELECT current_setting('client_connection_check_interval')")
+        assert cursor.fetchone() == ("700ms",)
+        set_where_accepted(cursor, refused)
+        cursor.execute("SELECT current_setting('client_connection_check_interval')")
+        assert cursor.fetchone() == ("700ms",)
+        cursor.execute("RESET client_connection_check_interval")
