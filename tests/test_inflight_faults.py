@@ -15,6 +15,7 @@ from django_jobstate.models import Job
 from django_jobstate.runner.attempts import ASYNC_GRACE
 from django_jobstate.states import FailureReason, State
 from tests import tasks
+from tests.models import Execution
 from tests.test_runjobs import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -103,27 +104,62 @@ def test_a_claim_left_waiting_by_a_killed_worker_never_commits(runjobs):
     result = tasks.noop.using(run_after=due).enqueue()
     killed: list[str] = []
     began = None
-    with job_table_locked(reads=False):  # writes wait, reads go on
-        # A claim that began before the job was due finds nothing: its worker is killed,
-        # and the next one's claim waits, until one began after. Then the supervisor is
-        # stopped, so that no new worker's claim takes the job first.
-        while began is None or began < due:
-            wait_for(lambda after=began: newest_waiting_claim(after) is not None, timeout=30)
-            began = newest_waiting_claim(began)
-            alive = WorkerHeartbeat.objects.exclude(supervisor="").exclude(worker_id__in=killed)
-            [(worker_id, pid)] = alive.values_list("worker_id", "pid")
-            if began >= due:
-                os.kill(proc.pid, signal.SIGSTOP)
-            os.kill(pid, signal.SIGKILL)
-            killed.append(worker_id)
-        time.sleep(2.5)  # longer than the server takes to see its client gone
-    time.sleep(0.5)
-    os.kill(proc.pid, signal.SIGCONT)
+
+    def the_one_worker_alive():
+        alive = WorkerHeartbeat.objects.exclude(supervisor="").exclude(worker_id__in=killed)
+        rows = list(alive.values_list("worker_id", "pid"))
+        return rows[0] if len(rows) == 1 else None
+
+    try:
+        with job_table_locked(reads=False):  # writes wait, reads go on
+            # A claim that began before the job was due finds nothing: its worker is
+            # killed, and the next one's claim waits, until one began after. Then the
+            # supervisor is stopped, so that no new worker's claim takes the job first.
+            while began is None or began < due:
+                began = wait_for(lambda after=began: newest_waiting_claim(after), timeout=30)
+                worker_id, pid = wait_for(the_one_worker_alive, timeout=30)
+                if began >= due:
+                    os.kill(proc.pid, signal.SIGSTOP)
+                os.kill(pid, signal.SIGKILL)
+                killed.append(worker_id)
+            time.sleep(2.5)  # longer than the server takes to see its client gone
+        time.sleep(0.5)
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
     wait_for(lambda: Job.objects.filter(result_id=result.id, state=State.SUCCEEDED), timeout=60)
     output = runjobs.stop(proc)
     attempts = Job.objects.filter(result_id=result.id)
     assert not attempts.filter(worker_id__in=killed).exists(), output
     assert not attempts.filter(failure_reason=FailureReason.LOST).exists(), output
+
+
+def test_a_worker_killed_as_runjobs_stops_leaves_none_of_its_rows(runjobs):
+    """A killed worker is settled, looked at again SETTLE_AGAIN_AFTER later (for a claim
+    it left waiting), and then its heartbeat row goes. Killed while runjobs stops, with its
+    settle waiting on the job table's lock until the monitor was told to finish, that
+    second look was dropped with the row: left behind, it stood for a worker long gone."""
+    from django_jobstate.models import WorkerHeartbeat
+    from tests.conftest import catches
+    from tests.test_recovery import worker_pid
+
+    result = tasks.sleeps_on_first_attempt.enqueue("k", 60)
+    proc = runjobs.start("--concurrency", "1")
+    wait_for(lambda: Execution.objects.filter(label="k:1").exists(), timeout=60)
+    job = Job.objects.get(result_id=result.id)
+    worker_id = job.worker_id
+    pid = worker_pid(worker_id)
+    wait_for(lambda: catches(proc.pid, signal.SIGTERM), timeout=60)
+    with job_table_locked(reads=False):  # its settle waits
+        proc.send_signal(signal.SIGTERM)  # stopping: the worker finishes its job in hand
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)  # ...but is killed: no worker left, the monitor finishes
+        time.sleep(1.0)  # well within JOBSTATE_LOST_AFTER, which finish() waits at most
+    runjobs.wait(proc, 30)
+    output = runjobs.output(proc)
+    assert proc.returncode == 0, output
+    job.refresh_from_db()
+    assert job.failure_reason == FailureReason.LOST, output
+    assert not WorkerHeartbeat.objects.filter(worker_id=worker_id).exists(), output
 
 
 def newest_waiting_claim(after):

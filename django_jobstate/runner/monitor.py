@@ -93,9 +93,10 @@ class Monitor(threading.Thread):
         again_later: bool = True,
     ) -> None:
         """A write for submit() (the heart vouches for the worker until then): fail the
-        attempts of a worker process that ended and, SETTLE_AGAIN_AFTER later, hand back
-        what it claimed as it died, then forget its row. Refused for good, its attempts
-        are left to the rescue of lost workers."""
+        attempts of a worker process that ended and hand back the rest; then, if it did
+        not end on its own (`again_later`: killed, or stopped at a timeout), once more
+        SETTLE_AGAIN_AFTER later for what it claimed as it died; then forget its row.
+        Refused for good, its attempts are left to the rescue of lost workers."""
         from ..managers import connection_lost
         from ..models import Job
 
@@ -108,9 +109,9 @@ class Monitor(threading.Thread):
             again = connection_lost(exc)
             raise
         finally:
-            if not again and again_later:  # none started: its running rows are handed back
+            if not again and again_later:  # the same again, in case this one was refused
                 late = functools.partial(
-                    self.settle, worker_id, set(), reason, error, None, again_later=False
+                    self.settle, worker_id, started, reason, error, timed_out, again_later=False
                 )
                 self.submit_later(SETTLE_AGAIN_AFTER, late)
             elif not again:
@@ -126,8 +127,12 @@ class Monitor(threading.Thread):
         self._wake.set()
 
     def submit_later(self, delay: float, write: Callable[[], None]) -> None:
+        """submit() `write` in `delay` seconds; at once when stopping (finish())."""
         with self._lock:
-            self._later.append((time.monotonic() + delay, write))
+            if self._done.is_set():
+                self._pending.append(write)
+            else:
+                self._later.append((time.monotonic() + delay, write))
 
     def _due(self) -> None:
         """Move the later writes that are due (all of them once stopping) to the queue."""
@@ -135,6 +140,11 @@ class Monitor(threading.Thread):
         with self._lock:
             self._pending.extend(write for at, write in self._later if at <= until)
             self._later = [(at, write) for at, write in self._later if at > until]
+
+    def _next_due(self) -> float:
+        """When the next later write is due (math.inf: none is waiting)."""
+        with self._lock:
+            return min((at for at, _ in self._later), default=math.inf)
 
     def written(self) -> bool:
         """Whether every write submitted so far is done (a write leaves the queue once it
@@ -149,12 +159,14 @@ class Monitor(threading.Thread):
         self.heart.start()
         interval = self.pulse.settings.HEARTBEAT_INTERVAL
         next_rescue = time.monotonic()
+        next_due = math.inf
         try:
             while True:
                 try:
                     self._due()
                     self._write_pending(close_connection)
-                    if self._done.is_set() and not self._pending:
+                    next_due = self._next_due()  # a settle just made may have added one
+                    if self._done.is_set() and not self._pending and next_due == math.inf:
                         return
                     rescue = time.monotonic() >= next_rescue
                     if rescue:
@@ -173,7 +185,7 @@ class Monitor(threading.Thread):
                     )
                     close_connection()
                     self._done.wait(min(1.0, interval))
-                self._wake.wait(max(0.0, next_rescue - time.monotonic()))
+                self._wake.wait(max(0.0, min(next_rescue, next_due) - time.monotonic()))
                 self._wake.clear()
         finally:
             close_connection()

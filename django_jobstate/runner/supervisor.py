@@ -281,10 +281,10 @@ class Supervisor:
             exit_kind = {0: "stopped", EXIT_RECYCLE: "recycled", EXIT_UNAVAILABLE: "unavailable"}
             metrics.recorder.worker_exits_total.labels(exit_kind.get(code, "died")).inc()
         started = {pk for pk, mark in child.ledger.marks().items() if mark == STARTED}
+        # Killed, or stopped at a timeout: a claim it sent may still be waiting on a lock.
+        settle = functools.partial(self.monitor.settle, again_later=code not in (0, EXIT_RECYCLE))
         self.monitor.submit(
-            functools.partial(
-                self.monitor.settle, child.worker_id, started, reason, error, child.timed_out
-            )
+            functools.partial(settle, child.worker_id, started, reason, error, child.timed_out)
         )
 
     def _should_replace(self, child: Child) -> bool:
