@@ -18,15 +18,9 @@ from django_jobstate.tasksapi import TaskResultStatus
 from tests import tasks
 from tests.framework import DUMMY_BACKEND
 from tests.models import Execution
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
-
-
-def wait_for(predicate, timeout=30.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 def test_queue_option_runs_only_those_queues(runjobs):

@@ -23,6 +23,7 @@ from django.db.models import Count
 
 from django_jobstate.models import Job, Schedule
 from tests.conftest import ROOT, skewed_env
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -44,14 +45,6 @@ STOP_BEFORE_TICK = {
 def env(schedules=SCHEDULES, **extra):
     tasks = {"default": {**settings.TASKS["default"], "OPTIONS": {"SCHEDULES": schedules}}}
     return {"JOBSTATE_TEST_SETTINGS": json.dumps({"TASKS": tasks}), **extra}
-
-
-def wait_for(predicate, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not (value := predicate()):
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.1)
-    return value
 
 
 def ticks_of(name):

@@ -26,6 +26,7 @@ from django_jobstate.states import State
 from tests import tasks
 from tests.conftest import ROOT, subprocess_env
 from tests.models import Execution
+from tests.waiting import wait_for
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -49,20 +50,13 @@ SHARE = 1.0
 SETTLE = 1.0
 
 
-def wait_for(condition, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.05)
-
-
 @pytest.mark.slow
 def test_a_writer_in_a_tight_loop_leaves_the_drain_its_turns(runjobs):
     JobStateBackend("default", {}).bulk_enqueue(tasks.noop, [((), {})] * BACKLOG)
     backlog = Job.objects.filter(pk__lte=Job.objects.aggregate(Max("pk"))["pk__max"])
     proc = runjobs.start("--concurrency", "2")
     done = Job.objects.filter(state=State.SUCCEEDED)
-    wait_for(done.exists, 60, "runjobs never finished a job")
+    wait_for(done.exists, "runjobs to finish a job", timeout=60)
     time.sleep(SETTLE)
     before = done.count()
     failures = []

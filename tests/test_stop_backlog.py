@@ -16,19 +16,13 @@ from django_jobstate.states import FailureReason, State
 from tests import tasks
 from tests.models import Execution
 from tests.test_supervisor import warm_up
+from tests.waiting import wait_for
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 # As seen in the issue: tens of thousands queued (a tenth on MariaDB, whose bulk insert
 # is the slow part of this test, not the stop).
 BACKLOG = 4_500 if settings.DB == "mysql" else 45_000
-
-
-def wait_for(predicate, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out waiting"
-        time.sleep(0.05)
 
 
 def test_a_sigterm_with_a_large_backlog_finishes_the_attempts_in_hand(runjobs):
