@@ -26,7 +26,7 @@ _EMPTY: dict[type, str] = {list: "[]", dict: "{}"}
 
 # A JSON string (skipped whole), or a number json wrote with a positive exponent: a float
 # of 1e16 or more, the only numbers it writes so (it writes ints in full).
-_STRING_OR_EXPONENT = re.compile(r'"(?:[^"\\]|\\.)*"|(-?[0-9.]+e\+[0-9]+)')
+_STRING_OR_EXPONENT = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|(-?[0-9.]+e\+[0-9]+)')
 
 
 def exact_floats(text: str) -> str:
