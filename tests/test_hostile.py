@@ -7,6 +7,7 @@ and writes no row.
 
 import math
 import sys
+import time
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -17,6 +18,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
+from django_jobstate.db.clock import Now
 from django_jobstate.exceptions import InvalidPayload
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.runner.worker import Worker
@@ -601,6 +603,29 @@ def test_a_running_job_is_not_rescued_while_its_worker_heartbeats():
     assert silent.pk in Job.objects.filter(failure_reason=FailureReason.LOST).values_list(
         "pk", flat=True
     )
+
+
+def test_a_rescue_that_waited_judges_as_of_when_its_rescuer_decided():
+    """SQLite's write lock held past JOBSTATE_LOST_AFTER (a long transaction) holds up every
+    beat alike, and the writes of a rescuer that had decided to judge just before. Once the
+    lock was gone the judge's own beat landed first, and its rescue took the others, whose
+    beats still waited, for silent: found by the torture run, a healthy attempt failed as
+    lost and ran again beside its body. The rescue judges as of its decision."""
+    lost_after = settings.JOBSTATE_LOST_AFTER
+    stall = 2 * lost_after
+    JobFactory(running=True, worker_id="held-up", started_at=timezone.now() - timedelta(hours=1))
+    WorkerHeartbeat.objects.beat({"judge": 1, "held-up": 2}, host="h", queues=None)
+    # The last beats before the stall; then the judge's, which landed first after it.
+    WorkerHeartbeat.objects.update(last_seen=Now() - timedelta(seconds=stall + 0.1))
+    WorkerHeartbeat.objects.beat({"judge": 1}, host="h", queues=None)
+    rescue = {"judges": ["judge"], "judge_gap": lost_after / 2}
+
+    decided = time.monotonic() - stall  # as the stall began
+    assert Job.objects.rescue_lost(lost_after, decided=decided, **rescue) == 0
+    assert Job.objects.get(worker_id="held-up").state == State.RUNNING
+
+    # Decided now, with the held-up worker silent all along: lost.
+    assert Job.objects.rescue_lost(lost_after, decided=time.monotonic(), **rescue) == 1
 
 
 def test_a_heartbeat_is_stamped_by_the_database_clock_whatever_the_workers(clock_ahead):

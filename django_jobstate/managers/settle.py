@@ -5,12 +5,15 @@ attempts handed back unstarted (release). Each is a fenced fail() (outcomes.py).
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Collection, Iterable, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from django.db import DatabaseError, connections, router
-from django.db.models import Exists
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Exists, Expression, Value
+from django.utils import timezone
 
 from ..conf import get_settings
 from ..db.clock import Now
@@ -36,9 +39,24 @@ def stopped(job: Job) -> tuple[FailureReason, Exception]:
     return FailureReason.TIMEOUT, timeout_error(job)
 
 
+def _before(connection: BaseDatabaseWrapper, seconds: float) -> Expression:
+    """The time `seconds` before now, by the database's clock, read before any wait of
+    the statement that holds it: PostgreSQL's and MariaDB's/MySQL's now is the
+    statement's start. SQLite's would be read once the statement has the write lock:
+    there it is this machine's clock (SQLite's own), read here."""
+    if connection.vendor == "sqlite":
+        return Value(timezone.now() - timedelta(seconds=seconds))
+    return Now() - timedelta(seconds=seconds)
+
+
 class Settle(Outcomes):
     def rescue_lost(
-        self, lost_after: float, *, judges: Sequence[str] = (), judge_gap: float = 0
+        self,
+        lost_after: float,
+        *,
+        judges: Sequence[str] = (),
+        judge_gap: float = 0,
+        decided: float | None = None,
     ) -> int:
         """Fail as lost the running attempts of workers silent for `lost_after` seconds.
 
@@ -47,14 +65,22 @@ class Settle(Outcomes):
         rescued unless one of those workers beat within the last `judge_gap` seconds: a
         rescuer whose own beats stalled (its statement waited on a lock, it was paused)
         cannot tell a dead worker from one that was held up as it was (liveness.py).
+
+        Judged as of `decided` (a time.monotonic() reading: when the rescuer found it may
+        judge), not as of when the statement runs: its writes before it may have waited
+        on a lock that held up every beat (SQLite's write lock, held past the window by a
+        long transaction). Once it is gone the judge's own beat may land before the
+        others', which were held up alike: they would look silent.
         """
         from ..models import WorkerHeartbeat
 
-        cutoff = Now() - timedelta(seconds=lost_after)
+        connection = connections[router.db_for_write(self.model)]
+        ago = 0.0 if decided is None else max(0.0, time.monotonic() - decided)
+        cutoff = _before(connection, ago + lost_after)
         alive = WorkerHeartbeat.objects.filter(last_seen__gte=cutoff).values("worker_id")
         silent = self.running().filter(started_at__lt=cutoff).exclude(worker_id__in=alive)
         if judges:
-            fresh = Now() - timedelta(seconds=judge_gap)
+            fresh = _before(connection, ago + judge_gap)
             silent = silent.filter(
                 Exists(WorkerHeartbeat.objects.filter(worker_id__in=judges, last_seen__gte=fresh))
             )

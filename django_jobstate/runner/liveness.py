@@ -78,19 +78,25 @@ class Pulse:
 
     @property
     def may_judge(self) -> bool:
-        since = self._connected_since
-        return since is not None and time.monotonic() - since >= self.settings.LOST_AFTER
+        """Whether its beats have landed at most judge_gap() apart for a window, up to one
+        that landed within judge_gap() (none is held up now)."""
+        since, last = self._connected_since, self._last_beat
+        if since is None or last is None:
+            return False
+        now, lost_after = time.monotonic(), self.settings.LOST_AFTER
+        return now - since >= lost_after and now - last <= judge_gap(lost_after)
 
     def rescue(self, judges: list[str]) -> int:
         """Fail the attempts of lost workers, if this process may judge; return how many.
         Also the safety net of concurrency limits: free slots to held rows (limits/)."""
         if not self.may_judge or not judges:
             return 0
+        decided = time.monotonic()  # judged as of now, however long the writes wait
         try:
             Job.objects.release_held()
             lost_after = self.settings.LOST_AFTER
             rescued = Job.objects.rescue_lost(
-                lost_after, judges=judges, judge_gap=judge_gap(lost_after)
+                lost_after, judges=judges, judge_gap=judge_gap(lost_after), decided=decided
             )
             WorkerHeartbeat.objects.forget_lost(lost_after)
         except DatabaseError:
