@@ -628,6 +628,21 @@ def test_a_rescue_that_waited_judges_as_of_when_its_rescuer_decided():
     assert Job.objects.rescue_lost(lost_after, decided=time.monotonic(), **rescue) == 1
 
 
+def test_a_rescuer_whose_next_beat_is_held_up_decides_no_rescue():
+    """The other half of the test above: while its own beat is overdue (held up by the
+    same lock as the others'), a rescuer does not decide to judge at all."""
+    from django_jobstate.runner.liveness import Pulse, judge_gap
+
+    lost_after = settings.JOBSTATE_LOST_AFTER
+    pulse = Pulse("rescuer")
+    pulse.beat({"judge": 1}, None)
+    assert not pulse.may_judge  # not connected for a window yet
+    pulse._connected_since -= lost_after  # as if its beats had landed for a window
+    assert pulse.may_judge
+    pulse._last_beat -= judge_gap(lost_after) + 0.1  # the next one has not landed
+    assert not pulse.may_judge
+
+
 def test_a_heartbeat_is_stamped_by_the_database_clock_whatever_the_workers(clock_ahead):
     job = JobFactory(running=True, worker_id="behind", started_at=timezone.now())
     raw_update(job.pk, started_at=timezone.now() - timedelta(hours=2))
