@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING
 from django.db import DatabaseError, connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Exists, Expression, Value
-from django.utils import timezone
 
 from ..conf import get_settings
 from ..db.clock import Now
@@ -21,7 +20,7 @@ from ..exceptions import JobCancelled, LostRace, WorkerLost, describe_error
 from ..states import FailureReason
 from ..telemetry import metrics
 from ..telemetry.logs import job_fields
-from .base import brief_transaction, connection_lost, logger, timeout_error
+from .base import brief_transaction, connection_lost, logger, process_now, timeout_error
 from .conflicts import retries_conflicts
 from .outcomes import Outcomes
 
@@ -45,7 +44,7 @@ def _before(connection: BaseDatabaseWrapper, seconds: float) -> Expression:
     statement's start. SQLite's would be read once the statement has the write lock:
     there it is this machine's clock (SQLite's own), read here."""
     if connection.vendor == "sqlite":
-        return Value(timezone.now() - timedelta(seconds=seconds))
+        return Value(process_now(connection, -seconds)[0])
     return Now() - timedelta(seconds=seconds)
 
 
