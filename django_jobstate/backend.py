@@ -19,7 +19,7 @@ from .loading import load_task as load_task  # re-exported: worker.py imports it
 from .task_options import JobStateTask as JobStateTask  # the public path of the task class
 from .task_options import validate_options, validate_queue, with_settings
 from .task_options.plan import Plan, Plans, make_plan
-from .task_results import EnqueuedResults, to_task_result
+from .task_results import EnqueuedResults, queued_result, to_task_result
 from .task_results import JobStateTaskResult as JobStateTaskResult  # its public path before
 from .tasksapi import (
     BaseTaskBackend,
@@ -68,6 +68,17 @@ class JobStateBackend(BaseTaskBackend):
         validate_options(task)
 
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
+        plan = self._plans.get(task, self._plan)
+        if plan.plain is not None:  # no key, limit, time, link or trace: no Job to build
+            from .models import Job
+
+            task, options = plan.task, plan.plain
+            written = Job.objects.enqueue_one(task.module_path, options, args, kwargs)
+            if written is not None:
+                result = queued_result(task, written, self.alias, options["metadata"])
+                if audible(task_enqueued, type(self), logging.DEBUG):
+                    send(task_enqueued, type(self), task_result=result)
+                return result
         return self.bulk_enqueue(task, [(args, kwargs)])[0]
 
     def bulk_enqueue(

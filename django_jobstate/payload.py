@@ -91,7 +91,8 @@ def encode_payload(value: Any, what: str) -> tuple[Any, str]:
                 text = dumps(normalize_json(value))
             except (TypeError, ValueError):
                 raise exc from None
-        size = len(text.encode())  # lone surrogates cannot be stored as text
+        # Lone surrogates cannot be stored as text: encode() raises for them.
+        size = len(text) if text.isascii() else len(text.encode())
     except (TypeError, ValueError, RecursionError) as exc:
         raise InvalidPayload(
             f"{what} must be JSON: {exc}. Use str, int, float, bool, None, and lists and "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
@@ -75,6 +76,38 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
     )
     if newest.state == State.SUCCEEDED:
         object.__setattr__(result, "_return_value", newest.return_value)
+    return result
+
+
+def queued_result(
+    task: Task,
+    written: tuple[Any, list[Any], dict[str, Any], Any],
+    backend: str,
+    metadata: dict[str, Any] | None,
+) -> TaskResult:
+    """to_task_result() of a plain job just enqueued as `task` (Job.objects.enqueue_one()'s
+    `written`: result id, arguments as they read back, enqueued_at), without its Job.
+
+    Filled in field by field: TaskResult's __post_init__ would normalize arguments that
+    are already JSON as read back (a tenth of an enqueue's Python, enqueue_cost.py).
+    """
+    result_id, args, kwargs, enqueued_at = written
+    result = object.__new__(JobStateTaskResult)
+    put = object.__setattr__
+    put(result, "task", task)
+    put(result, "id", str(result_id))
+    put(result, "status", TaskResultStatus.READY)
+    put(result, "enqueued_at", enqueued_at)
+    put(result, "args", args)
+    put(result, "kwargs", kwargs)
+    put(result, "backend", backend)
+    put(result, "errors", [])
+    put(result, "worker_ids", [])
+    put(result, "metadata", copy.deepcopy(metadata) if metadata else {})  # the task's own
+    # What a task just enqueued leaves None (_return_value: None until it succeeds).
+    # tests/test_backend.py checks that this sets every field to_task_result() does.
+    for name in ("started_at", "finished_at", "last_attempted_at", "_return_value"):
+        put(result, name, None)
     return result
 
 

@@ -22,6 +22,7 @@ from django_jobstate.managers.bulk import PIPELINED_CHUNK, pipelined
 from django_jobstate.models import Job
 from django_jobstate.payload import encode_payload
 from django_jobstate.states import State
+from django_jobstate.task_results import to_task_result
 from django_jobstate.tasksapi import (
     FRAMEWORK,
     InvalidTask,
@@ -551,6 +552,19 @@ def test_get_result_reads_back_every_field_enqueue_returned(run_after):
     fields = ["id", "status", "enqueued_at", "started_at", "finished_at", "args", "kwargs"]
     assert [getattr(read, f) for f in fields] == [getattr(enqueued, f) for f in fields]
     assert (read.backend, read.errors, read.worker_ids) == (enqueued.backend, [], [])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("options", [{}, {"metadata": {"n": {"k": 1}}, "priority": 3}])
+def test_enqueue_returns_what_its_row_reads_back_as(options):
+    task = record.using(**options)
+    enqueued = task.enqueue("x")
+
+    read = to_task_result([Job.objects.get(result_id=enqueued.id)], task)
+
+    assert enqueued == read  # every field, _return_value too (a slot left unset raises)
+    assert (type(enqueued), repr(enqueued)) == (type(read), repr(read))
+    assert enqueued.metadata == options.get("metadata", {})
 
 
 @pytest.mark.django_db

@@ -7,6 +7,7 @@ import pytest
 from django.db import connection, connections
 from django.db.models.signals import post_init
 from django.test import override_settings
+from django.utils import timezone
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import InvalidPayload
@@ -137,3 +138,40 @@ def test_a_post_init_receiver_of_job_still_sees_each_enqueued_job():
         post_init.disconnect(receiver, sender=Job)
 
     assert uuid.UUID(result.id) in seen
+
+
+def test_results_of_a_task_with_metadata_share_no_dict():
+    task = tasks.record.using(metadata={"n": {"k": 1}})
+    first = task.enqueue("a")
+    first.metadata["n"]["k"] = 2
+
+    second = task.enqueue("b")
+
+    assert second.metadata == {"n": {"k": 1}}
+    assert task.get_result(first.id).metadata == {"n": {"k": 1}}
+
+
+@pytest.mark.parametrize(
+    ("options", "fast"),
+    [
+        ({}, True),
+        ({"metadata": {"n": 1}}, True),
+        ({"unique_key": "k"}, False),
+        ({"run_after": timezone.now()}, False),
+    ],
+)
+def test_enqueue_of_a_plain_task_takes_the_path_that_builds_no_job(monkeypatch, options, fast):
+    general = []
+    bulk = JobStateBackend.bulk_enqueue
+
+    def counting(self, *args, **kwargs):
+        general.append(args)
+        return bulk(self, *args, **kwargs)
+
+    monkeypatch.setattr(JobStateBackend, "bulk_enqueue", counting)
+    result = tasks.record.using(**options).enqueue("x")
+
+    assert Job.objects.get(result_id=result.id).args == ["x"]
+    # MySQL 8 has no RETURNING: its plain enqueue takes the general path too.
+    fast = fast and connection.features.can_return_columns_from_insert
+    assert len(general) == (0 if fast else 1)

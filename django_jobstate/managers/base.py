@@ -7,7 +7,7 @@ import logging
 import math
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from django.db import (
@@ -87,6 +87,9 @@ def process_now(connection: BaseDatabaseWrapper, delay: float = 0.0) -> tuple[da
     now = timezone.now()
     if delay:
         now += timedelta(seconds=delay)
+    if connection.vendor == "sqlite" and now.tzinfo is UTC and connection.timezone is UTC:
+        # What adapt_datetimefield_value() writes, without its checks: a naive UTC time.
+        return now, str(now.replace(tzinfo=None))
     return now, connection.ops.adapt_datetimefield_value(now)
 
 

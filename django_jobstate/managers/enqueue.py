@@ -22,6 +22,8 @@ from .result_ids import uuid7s
 from .unique import Call, EnqueueUnique, Row
 
 if TYPE_CHECKING:
+    from uuid import UUID
+
     from ..models import Job
 
 
@@ -162,18 +164,23 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
             return self._enqueue_unique(db, template, rows, jobs, raise_duplicates)
         return give(jobs, self._insert_all(db, template, rows))
 
-    @staticmethod
-    def _rows(calls: list[Call], keys: Sequence[str | None] | None = None) -> list[Row]:
+    @classmethod
+    def _rows(cls, calls: list[Call], keys: Sequence[str | None] | None = None) -> list[Row]:
         """Each call's result id, arguments (as read back, and as JSON) and unique key; the
         result ids in ascending order (bulk.py maps the ids written back by it)."""
         if keys is None:
             keys = [None] * len(calls)
+        row = cls._row
         return [
-            (
-                result_id,
-                *encode_payload(list(args), "Task arguments"),
-                *encode_payload(dict(kwargs), "Task keyword arguments"),
-                key,
-            )
+            row(result_id, args, kwargs, key)
             for result_id, (args, kwargs), key in zip(uuid7s(len(calls)), calls, keys, strict=True)
         ]
+
+    @staticmethod
+    def _row(result_id: UUID, args: Sequence[Any], kwargs: dict[str, Any], key: str | None) -> Row:
+        return (
+            result_id,
+            *encode_payload(list(args), "Task arguments"),
+            *encode_payload(dict(kwargs), "Task keyword arguments"),
+            key,
+        )

@@ -22,16 +22,19 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from django.db import connections
+from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db.notify import NOTIFY
 from .base import PER_CALL, built_directly, instance, now_sql, process_now
 from .bulk import EnqueuedJobs, pipelined
 from .insert import Written, give
+from .result_ids import uuid7
 from .unique import Call, Row
 
 if TYPE_CHECKING:
+    from uuid import UUID
+
     from ..models import Job
 
 # Prepared statements kept per manager: one per task and options (a bound against
@@ -49,7 +52,7 @@ class Prepared:
     build: Builder  # a Job as if read back, from (result_id, args, kwargs, unique_key)
     sql: str | None  # the one-row INSERT ... RETURNING; None where there is no RETURNING
     params: list[Any]  # its parameters, with the stand-ins above
-    fill: list[tuple[int, object]]  # where each stand-in is in params
+    at: dict[object, list[int]]  # where each stand-in is in params
     read_time: Callable[[Any], datetime]  # a time read back, as the ORM would give it
     quiet: bool  # `build` sends no signal and runs no code of the model's: may be put off
 
@@ -117,6 +120,7 @@ class PreparedInserts:
     _insert_all: Callable[[str, Job, list[Row]], list[Written]]
     _insert_pipelined: Callable[..., Sequence[Job]]
     _rows: Callable[[list[Call]], list[Row]]
+    _row: Callable[[UUID, Sequence[Any], dict[str, Any], str | None], Row]
 
     def _prepared(self, db: str, task_path: str, options: dict[str, Any]) -> Prepared:
         cache: dict[tuple[Any, ...], Prepared] = self.__dict__.setdefault("_prepared_cache", {})
@@ -155,16 +159,33 @@ class PreparedInserts:
                 f"INSERT INTO {qn(self.model._meta.db_table)} ({', '.join(columns)}) "
                 f"VALUES ({', '.join(selected)}) RETURNING {returning}"
             )
-        fill = [(i, p) for i, p in enumerate(params) if any(p is s for s in _STAND_INS)]
+        at = {s: [i for i, p in enumerate(params) if p is s] for s in _STAND_INS}
         return Prepared(
             template=template,
             build=job_builder(self.model, db, template),
             sql=sql,
             params=params,
-            fill=fill,
+            at=at,
             read_time=time_reader(connection, self.model),
             quiet=built_directly(self.model),
         )
+
+    def enqueue_one(
+        self, task_path: str, options: dict[str, Any], args: Sequence[Any], kwargs: dict[str, Any]
+    ) -> tuple[UUID, list[Any], dict[str, Any], datetime] | None:
+        """enqueue_many() of one plain call, without its Job: the result id, the arguments
+        as they read back, and enqueued_at; JobStateBackend.enqueue()'s fast path. None,
+        having written nothing, where it does not apply (no RETURNING; something hears
+        Job's pre_init or post_init, which a Job built would send): use enqueue_many()."""
+        db = router.db_for_write(self.model)
+        prepared = self._prepared(db, task_path, options)
+        if prepared.sql is None or not prepared.quiet:
+            return None
+        result_id, read_args, args_json, read_kwargs, kwargs_json, _ = self._row(
+            uuid7(), args, kwargs, None
+        )
+        *_, enqueued_at = self._insert_one(db, prepared, result_id, args_json, kwargs_json)
+        return result_id, read_args, read_kwargs, enqueued_at
 
     def _enqueue_plain(
         self, db: str, task_path: str, options: dict[str, Any], calls: list[Call]
@@ -193,18 +214,17 @@ class PreparedInserts:
     ) -> Any:
         """Send the prepared INSERT of one job: its (id, run_after, enqueued_at)."""
         connection = connections[db]
-        params = list(prepared.params)
+        params, at = list(prepared.params), prepared.at
+        for i in at[_RESULT_ID]:
+            params[i] = result_id.hex
+        for i in at[_ARGS]:
+            params[i] = args
+        for i in at[_KWARGS]:
+            params[i] = kwargs
         now = None
-        for i, stand_in in prepared.fill:
-            if stand_in is _RESULT_ID:
-                params[i] = result_id.hex
-            elif stand_in is _ARGS:
-                params[i] = args
-            elif stand_in is _KWARGS:
-                params[i] = kwargs
-            else:  # SQLite's clock is this process's (now_sql()), read once for both times
-                if now is None:
-                    now, written = process_now(connection)
+        if at[_NOW]:  # SQLite's clock is this process's (now_sql()), read once for both times
+            now, written = process_now(connection)
+            for i in at[_NOW]:
                 params[i] = written
         assert prepared.sql is not None
         with connection.cursor() as cursor:

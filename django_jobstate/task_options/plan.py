@@ -10,12 +10,13 @@ setting_changed (conf.reload_settings), which is how a plan knows it is stale.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from ..conf import Settings, get_settings
 from ..limits.concurrency import concurrency_key, is_limited
 from ..limits.rates import rate_limit
+from ..managers.progress import check_metadata
 from ..tasksapi import Task
 from ..uniqueness import UniqueScope, is_unique, unique_key
 
@@ -35,6 +36,10 @@ class Plan:
     limited: bool
     rate_limit: str | None  # limits/rates.py's stored form
     tracing: bool
+    # enqueue_many()'s options when a call needs nothing but them (no unique or concurrency
+    # key, rate limit, run_after, dependency or trace): JobStateBackend.enqueue()'s fast
+    # path. None otherwise.
+    plain: dict[str, Any] | None
 
     def per_call(self, calls: Sequence[tuple[Sequence[Any], dict[str, Any]]]) -> dict[str, Any]:
         """Job.objects.enqueue_many()'s options that depend on each call's arguments (a
@@ -73,23 +78,34 @@ class Plans:
 
 def make_plan(task: Task, settings: Settings, alias: str) -> Plan:
     """The plan of a task already checked (with settings applied, as `with_settings()`)."""
-    return Plan(
+    metadata = getattr(task, "metadata", None)
+    options = {
+        "queue_name": task.queue_name,
+        "priority": task.priority,
+        "run_after": task.run_after,
+        "backend": alias,
+        "max_attempts": _option(task, "max_attempts", settings.DEFAULT_MAX_ATTEMPTS),
+        "backoff": _option(task, "backoff", settings.DEFAULT_BACKOFF),
+        "timeout": _option(task, "timeout", settings.DEFAULT_TIMEOUT),
+        "metadata": metadata,
+    }
+    plan = Plan(
         task=task,
-        options={
-            "queue_name": task.queue_name,
-            "priority": task.priority,
-            "run_after": task.run_after,
-            "backend": alias,
-            "max_attempts": _option(task, "max_attempts", settings.DEFAULT_MAX_ATTEMPTS),
-            "backoff": _option(task, "backoff", settings.DEFAULT_BACKOFF),
-            "timeout": _option(task, "timeout", settings.DEFAULT_TIMEOUT),
-            "metadata": getattr(task, "metadata", None),
-        },
+        options=options,
         unique=is_unique(task),
         limited=is_limited(task),
         rate_limit=rate_limit(task),
         tracing=bool(settings.TRACING),
+        plain=None,
     )
+    if plan.unique or plan.limited or plan.rate_limit or plan.tracing or task.run_after:
+        return plan
+    if getattr(task, "depends_on", None) is not None:
+        return plan
+    plain = {name: value for name, value in options.items() if name != "run_after"}
+    # As enqueue_many() checks it: as it reads back, or InvalidPayload.
+    plain["metadata"] = None if metadata is None else check_metadata(metadata)
+    return replace(plan, plain=plain)
 
 
 def _option(task: Task, name: str, default: Any) -> Any:
