@@ -168,3 +168,37 @@ def test_unique_keys_must_be_one_per_call():
         Job.objects.enqueue_many("tests.tasks.record", [(["a"], {})] * 2, unique_keys=["k"])
 
     assert not Job.objects.exists()
+
+
+@pytest.mark.django_db
+def test_every_kind_of_json_value_reads_back_as_sent_from_a_bulk_enqueue():
+    """Several rows travel as one JSON array (a JSON_TABLE on MariaDB/MySQL, json_each on
+    SQLite, jsonb_array_elements on PostgreSQL): what each row stores is what was sent."""
+    values = [
+        "",
+        'a "quoted" \\ back\\slash',
+        "é, 漢字, 😀, \u2028",
+        "null",
+        0.1,
+        1.0000000000000002,
+        1e16,
+        -1e308,
+        1e-7,
+        -0.0,
+        2**63,
+        -(2**63),
+        True,
+        None,
+        [],
+        {},
+        {"nested": [{"deep": [1, [2, [3]]]}], "": "empty key"},
+    ]
+    calls = [([value], {"k": value}) for value in values]
+
+    jobs = Job.objects.enqueue_many("tests.tasks.record", calls)
+
+    stored = {job.pk: job for job in Job.objects.all()}
+    for job, value in zip(jobs, values, strict=True):
+        row = stored[job.pk]
+        assert (row.args, row.kwargs) == ([value], {"k": value}) == (job.args, job.kwargs)
+        assert [type(v) for v in (row.args[0], row.kwargs["k"])] == [type(value)] * 2

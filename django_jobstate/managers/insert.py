@@ -14,7 +14,7 @@ from django.db.models.fields import NOT_PROVIDED
 
 from ..db.notify import NOTIFY
 from ..uniqueness import UniqueScope
-from .base import PER_CALL, from_db, now_sql
+from .base import PER_CALL, calls_json, from_db, now_sql
 from .mysql import MySQLWrites
 
 if TYPE_CHECKING:
@@ -137,11 +137,7 @@ class Inserts(MySQLWrites):
             per_call = {name: ("%s", [value]) for name, value in zip(names, values, strict=False)}
             source, source_params = "", []
         else:
-            calls = ",".join(
-                f'["{r.hex}",{args},{kwargs},"{key}"]' if unique else f'["{r.hex}",{args},{kwargs}]'
-                for r, _, args, _, kwargs, key in rows
-            )
-            source_params = [f"[{calls}]"]
+            source_params = [calls_json(rows, unique)]
             if connection.vendor == "postgresql":
                 exprs = ["(value ->> 0)::uuid", "value -> 1", "value -> 2", "value ->> 3"]
                 source = "FROM jsonb_array_elements(%s::jsonb) AS call(value)"
