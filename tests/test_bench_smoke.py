@@ -174,3 +174,20 @@ def test_the_continuous_report_gives_the_latency_verdict_and_the_floor_of_bulk_b
         "- bulk-50%: pickup p50 < 5 ms and p99 < 50 ms: **NOT MET** "
         "(its batches allow p50 >= 25.0 ms)" in lines
     )
+
+
+def test_the_continuous_report_sets_the_rate_sustained_against_procrastinates_drain() -> None:
+    """Against Procrastinate's no-op drain with the load's workers in the same run (an upper
+    bound of the rate it sustains), and only with the same jobs in flight per process."""
+    from bench.benchmark.bench_load_report import peer_line
+    from bench.benchmark.bench_peers import PROCRASTINATE_CONCURRENCY
+
+    load = {"workers": 2, "in_flight": PROCRASTINATE_CONCURRENCY, "max_rate": 2_100.0}
+    drains = {"drain": {"procrastinate": {"2": {"rate": 400.0}}}}
+
+    assert peer_line(load, drains).endswith(
+        "(400 jobs/s; more than it can sustain): 5.25x (target >= 5x): met"
+    )
+    assert "**NOT MET**" in peer_line({**load, "max_rate": 1_900.0}, drains)
+    assert "not measured" in peer_line({**load, "workers": 4}, drains)
+    assert "not measured" in peer_line({**load, "in_flight": PROCRASTINATE_CONCURRENCY + 1}, drains)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bench.benchmark.bench_peers import PROCRASTINATE_CONCURRENCY
 from bench.benchmark.bench_produce import BULK_EVERY
 from bench.benchmark.bench_watch import RUNNABLE_INDEX
 
@@ -42,6 +43,7 @@ def load_lines(results: dict[str, Any], sizes: Any) -> list[str]:
     load = (results.get("continuous") or {}).get("jobstate")
     if load and "error" not in load:
         out += continuous_lines(load, sizes)
+        out.append(peer_line(load, results))
     pressure = (results.get("pressure") or {}).get("jobstate")
     if pressure and "error" not in pressure:
         out += pressure_lines(pressure, sizes)
@@ -103,6 +105,28 @@ def continuous_lines(load: dict[str, Any], sizes: Any) -> list[str]:
     for key, run in load["runs"].items():
         out += ["", f"{key} over time:", *series(run, sizes.every)]
     return out
+
+
+def peer_line(load: dict[str, Any], results: dict[str, Any]) -> str:
+    """The highest rate sustained against Procrastinate's no-op drain with the same workers
+    (processes x async jobs in flight) in the same run: no steady producer can get more out
+    of it than its drain, so that drain bounds the rate it sustains from above, and 5x it
+    (the issue's target) is 5x its sustained rate at least."""
+    workers, flight = load["workers"], load.get("in_flight", 1)
+    drains = (results.get("drain") or {}).get("procrastinate") or {}
+    peer = (drains.get(str(workers)) or {}).get("rate")
+    what = f"highest rate sustained ÷ Procrastinate's no-op drain with {workers} x {flight}"
+    if not peer or flight != PROCRASTINATE_CONCURRENCY or not load["max_rate"]:
+        return (
+            f"- {what}: not measured (target >= 5x; in one run: --systems "
+            f"jobstate,procrastinate --only drain,continuous --workers {workers}, with "
+            f"BENCH_PROCRASTINATE_CONCURRENCY={flight})"
+        )
+    ratio = load["max_rate"] / peer
+    return (
+        f"- {what} ({num(peer)} jobs/s; more than it can sustain): {ratio:.2f}x "
+        f"(target >= 5x): {verdict(ratio >= 5)}"
+    )
 
 
 def batch_floor(run: dict[str, Any], drain: float | None) -> float | None:
