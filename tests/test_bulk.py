@@ -13,6 +13,7 @@ from django_jobstate.exceptions import InvalidPayload
 from django_jobstate.managers import bulk
 from django_jobstate.managers.bulk import EnqueuedJobs
 from django_jobstate.models import Job
+from django_jobstate.payload import MAX_PAYLOAD_DEPTH
 from django_jobstate.tasksapi import default_task_backend
 from tests.tasks import record
 
@@ -202,3 +203,32 @@ def test_every_kind_of_json_value_reads_back_as_sent_from_a_bulk_enqueue():
         row = stored[job.pk]
         assert (row.args, row.kwargs) == ([value], {"k": value}) == (job.args, job.kwargs)
         assert [type(v) for v in (row.args[0], row.kwargs["k"])] == [type(value)] * 2
+
+
+@pytest.mark.django_db
+def test_a_bulk_enqueue_stores_the_deepest_arguments_and_percent_signs_in_its_options():
+    """Arguments as deep as any database stores (MAX_PAYLOAD_DEPTH), and options whose
+    text holds SQL's parameter marks (MariaDB/MySQL quote the options once a statement)."""
+    deep: list = []  # nested MAX_PAYLOAD_DEPTH deep once in the arguments' list
+    for _ in range(MAX_PAYLOAD_DEPTH - 2):
+        deep = [deep]
+    metadata = {"note": "100% of %s, %(name)s and %%"}
+    calls = [([deep], {}), (["x"], {"k": "%s"})]
+
+    jobs = Job.objects.enqueue_many("tests.tasks.record", calls, metadata=metadata)
+
+    rows = {row.pk: row for row in Job.objects.all()}
+    assert [(rows[j.pk].args, rows[j.pk].kwargs) for j in jobs] == [
+        ([deep], {}),
+        (["x"], {"k": "%s"}),
+    ]
+    assert [rows[j.pk].metadata for j in jobs] == [metadata, metadata]
+
+
+@pytest.mark.django_db
+def test_unique_keys_of_any_text_are_stored_as_given_by_a_bulk_enqueue():
+    keys = ['a "quoted" key', "back\\slash", "%s and %%"]
+
+    jobs = Job.objects.enqueue_many("tests.tasks.record", [(["x"], {})] * 3, unique_keys=keys)
+
+    assert [Job.objects.get(pk=job.pk).unique_key for job in jobs] == keys

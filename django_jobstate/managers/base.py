@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
@@ -36,7 +36,6 @@ from .conflicts import mysql_error_passes
 
 if TYPE_CHECKING:
     from ..models import Job
-    from .unique import Row
 
 logger = logging.getLogger("django_jobstate")
 
@@ -80,17 +79,6 @@ def now_sql(connection: BaseDatabaseWrapper, delay: float = 0.0) -> tuple[str, l
             return "(UTC_TIMESTAMP(6) + INTERVAL %s MICROSECOND)", [round(delay * 1e6)]
         return "UTC_TIMESTAMP(6)", []
     return "%s", [process_now(connection, delay)[1]]
-
-
-def calls_json(rows: Sequence[Row], unique: bool) -> str:
-    """Several rows' calls as one JSON array of [result_id hex, args, kwargs(, unique key)],
-    which a bulk INSERT selects its rows from: one parameter, not several per row. (A unique
-    key is a hex digest: nothing in it to escape.)"""
-    calls = ",".join(
-        f'["{r.hex}",{args},{kwargs},"{key}"]' if unique else f'["{r.hex}",{args},{kwargs}]'
-        for r, _, args, _, kwargs, key in rows
-    )
-    return f"[{calls}]"
 
 
 def process_now(connection: BaseDatabaseWrapper, delay: float = 0.0) -> tuple[datetime, Any]:

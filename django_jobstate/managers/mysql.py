@@ -9,6 +9,7 @@ indexes give the others (InnoDB has neither): the claim order, and the unique in
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, cast
@@ -19,7 +20,7 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from ..payload import dumps
 from ..states import State
 from ..uniqueness import HOLDS_KEY, UniqueScope
-from .base import PER_CALL, ClaimKey, Writes, calls_json, claim_key, from_db, now_sql
+from .base import PER_CALL, ClaimKey, Writes, claim_key, from_db, now_sql
 from .queue_claim import limited_row
 
 if TYPE_CHECKING:
@@ -34,9 +35,9 @@ CLAIM_ORDER = "jobstate_job_claim_order"
 # select_for_update(), a claim), while the rows it wants are free. Read by the primary
 # key, nothing else is touched.
 BY_ID = "FORCE INDEX (PRIMARY)"
-# A bulk enqueue's calls, as JSON_TABLE reads them: result id (hex), args, kwargs, key.
-_CALL_COLUMNS = ("result_id", "args", "kwargs", "unique_key")
-_CALL_TYPES = ("CHAR(32)", "JSON", "JSON", "VARCHAR(255)")
+# Stand-ins, in an INSERT's template parameters, for each call's own: result id, args,
+# kwargs, unique key (in PER_CALL's order).
+_STAND_INS = tuple(object() for _ in PER_CALL)
 
 
 class MySQLWrites(Writes):
@@ -160,9 +161,8 @@ class MySQLWrites(Writes):
     def _insert_mysql(
         self, db: str, template: Job, rows: list[Row], lock_held: bool
     ) -> tuple[dict[str, int], dict[str, int], tuple[datetime, datetime]]:
-        """_insert() on MariaDB/MySQL: one INSERT (several rows selected from JSON_TABLE),
-        then the rows written read back by result_id in the same transaction (MySQL has no
-        INSERT ... RETURNING).
+        """_insert() on MariaDB/MySQL: one multi-row INSERT, then the rows written read
+        back by result_id in the same transaction (MySQL has no INSERT ... RETURNING).
 
         A row whose unique key is held is not written: ON DUPLICATE KEY UPDATE with an
         update that changes nothing (INSERT IGNORE would also skip, silently, a row that a
@@ -176,32 +176,33 @@ class MySQLWrites(Writes):
         now, now_params = now_sql(connection)
         unique = template.unique_scope is not None
         names = PER_CALL if unique else PER_CALL[:3]
-        if len(rows) == 1:
-            [(result_id, _, args, _, kwargs, key)] = rows
-            given = (result_id.hex, args, kwargs, key)
-            per_call = {n: ("%s", [v]) for n, v in zip(names, given, strict=False)}
-            source, source_params = "", []
-        else:
-            # Several rows are selected from one JSON array of [result_id, args, kwargs,
-            # unique key], as on the other databases: one parameter to quote, not each
-            # row's (mysqlclient quoting every row's parameters, and the multi-row VALUES
-            # parsing them, were most of a bulk enqueue's time; the server reads the JSON
-            # as fast).
-            columns_of_call = ", ".join(
-                f"{name} {kind} PATH '$[{i}]'"
-                for i, (name, kind) in enumerate(zip(_CALL_COLUMNS, _CALL_TYPES, strict=True))
-            )
-            source = f"FROM JSON_TABLE(%s, '$[*]' COLUMNS ({columns_of_call})) AS call_"
-            source_params = [calls_json(rows, unique)]
-            per_call = {n: (f"call_.{c}", []) for n, c in zip(names, _CALL_COLUMNS, strict=False)}
-        columns, selected, params = self._values(connection, template, per_call, now, now_params)
-        values = (
-            f"SELECT {', '.join(selected)} {source}"
-            if source
-            else f"VALUES ({', '.join(selected)})"
+        # Every row's SQL is the template's, its values the template's but for the call's
+        # own: the fields are walked once, and the template's values quoted once, not once
+        # a row (mysqlclient quoting each row's seven parameters in Python was most of a
+        # bulk enqueue's time). A multi-row VALUES, not an INSERT ... SELECT (from a
+        # JSON_TABLE, as the other databases select theirs): an INSERT ... SELECT holds
+        # InnoDB's table-wide AUTO-INC lock to its end under MariaDB's default
+        # innodb_autoinc_lock_mode, stalling every other enqueue, and one JSON document
+        # would have MariaDB's depth limit refuse arguments nested 30 or 31 deep.
+        per_call = {n: ("%s", [s]) for n, s in zip(names, _STAND_INS, strict=False)}
+        columns, selected, template_params = self._values(
+            connection, template, per_call, now, now_params
         )
-        sql = f"INSERT INTO {table} ({', '.join(columns)}) {values}"
-        params += source_params
+        connection.ensure_connection()
+        literal = connection.connection.literal  # the driver's own quoting, as execute()'s
+        quoted = iter(
+            "%s" if any(p is s for s in _STAND_INS) else literal(p).decode().replace("%", "%%")
+            for p in template_params
+        )
+        one_row = re.sub("%s", lambda _: next(quoted), f"({', '.join(selected)})")
+        params = [
+            value
+            for result_id, _, args, _, kwargs, key in rows
+            for value in (result_id.hex, args, kwargs, key)[: len(names)]
+        ]
+        sql = (
+            f"INSERT INTO {table} ({', '.join(columns)}) VALUES {', '.join([one_row] * len(rows))}"
+        )
         if unique:
             sql += f" ON DUPLICATE KEY UPDATE {qn('id')} = {qn('id')}"
         field = self.model._meta.get_field("result_id")  # char(32), or MariaDB's uuid
