@@ -72,10 +72,10 @@ class JobStateBackend(BaseTaskBackend):
         if plan.plain is not None:  # no key, limit, time, link or trace: no Job to build
             from .models import Job
 
-            task, options = plan.task, plan.plain
-            written = Job.objects.enqueue_one(task.module_path, options, args, kwargs)
+            task = plan.task
+            written = Job.objects.enqueue_one(task.module_path, plan.plain, args, kwargs)
             if written is not None:
-                result = queued_result(task, written, self.alias, options["metadata"])
+                result = queued_result(task, written)
                 if audible(task_enqueued, type(self), logging.DEBUG):
                     send(task_enqueued, type(self), task_result=result)
                 return result

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, cast
@@ -79,14 +78,10 @@ def to_task_result(attempts: Sequence[Job], task: Task | None = None) -> TaskRes
     return result
 
 
-def queued_result(
-    task: Task,
-    written: tuple[Any, list[Any], dict[str, Any], Any],
-    backend: str,
-    metadata: dict[str, Any] | None,
-) -> TaskResult:
+def queued_result(task: Task, written: tuple[Any, list[Any], dict[str, Any], Any]) -> TaskResult:
     """to_task_result() of a plain job just enqueued as `task` (Job.objects.enqueue_one()'s
-    `written`: result id, arguments as they read back, enqueued_at), without its Job.
+    `written`: result id, arguments as they read back, enqueued_at), without its Job: no
+    metadata, the task's own backend (task_options/plan.py).
 
     Filled in field by field: TaskResult's __post_init__ would normalize arguments that
     are already JSON as read back (a tenth of an enqueue's Python, enqueue_cost.py).
@@ -100,10 +95,10 @@ def queued_result(
     put(result, "enqueued_at", enqueued_at)
     put(result, "args", args)
     put(result, "kwargs", kwargs)
-    put(result, "backend", backend)
+    put(result, "backend", task.backend)
     put(result, "errors", [])
     put(result, "worker_ids", [])
-    put(result, "metadata", copy.deepcopy(metadata) if metadata else {})  # the task's own
+    put(result, "metadata", {})
     # What a task just enqueued leaves None (_return_value: None until it succeeds).
     # tests/test_backend.py checks that this sets every field to_task_result() does.
     for name in ("started_at", "finished_at", "last_attempted_at", "_return_value"):

@@ -182,7 +182,9 @@ def test_the_continuous_report_sets_the_rate_sustained_against_procrastinates_dr
     from bench.benchmark.bench_load_report import peer_line
     from bench.benchmark.bench_peers import PROCRASTINATE_CONCURRENCY
 
-    load = {"workers": 2, "in_flight": PROCRASTINATE_CONCURRENCY, "max_rate": 2_100.0}
+    load = {
+        "workers": 2, "in_flight": PROCRASTINATE_CONCURRENCY, "max_rate": 2_100.0, "drain": 3e3
+    }  # fmt: skip
     drains = {"drain": {"procrastinate": {"2": {"rate": 400.0}}}}
 
     assert peer_line(load, drains).endswith(
@@ -190,4 +192,5 @@ def test_the_continuous_report_sets_the_rate_sustained_against_procrastinates_dr
     )
     assert "**NOT MET**" in peer_line({**load, "max_rate": 1_900.0}, drains)
     assert "not measured" in peer_line({**load, "workers": 4}, drains)
+    assert "not measured" in peer_line({**load, "drain": None}, drains)  # --rate: given
     assert "not measured" in peer_line({**load, "in_flight": PROCRASTINATE_CONCURRENCY + 1}, drains)

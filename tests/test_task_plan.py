@@ -155,7 +155,7 @@ def test_results_of_a_task_with_metadata_share_no_dict():
     ("options", "fast"),
     [
         ({}, True),
-        ({"metadata": {"n": 1}}, True),
+        ({"metadata": {"n": 1}}, False),  # the caller's dict, checked at each call
         ({"unique_key": "k"}, False),
         ({"run_after": timezone.now()}, False),
     ],

@@ -116,7 +116,8 @@ def peer_line(load: dict[str, Any], results: dict[str, Any]) -> str:
     drains = (results.get("drain") or {}).get("procrastinate") or {}
     peer = (drains.get(str(workers)) or {}).get("rate")
     what = f"highest rate sustained ÷ Procrastinate's no-op drain with {workers} x {flight}"
-    if not peer or flight != PROCRASTINATE_CONCURRENCY or not load["max_rate"]:
+    # With --rate, the rate is the one given, not one found: nothing to compare.
+    if not peer or flight != PROCRASTINATE_CONCURRENCY or not load.get("drain"):
         return (
             f"- {what}: not measured (target >= 5x; in one run: --systems "
             f"jobstate,procrastinate --only drain,continuous --workers {workers}, with "

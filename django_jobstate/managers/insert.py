@@ -3,6 +3,7 @@ parameter (enqueue.py builds the template they share; unique.py and limits.py ad
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from contextlib import nullcontext
 from datetime import datetime
@@ -14,7 +15,7 @@ from django.db.models.fields import NOT_PROVIDED
 
 from ..db.notify import NOTIFY
 from ..uniqueness import UniqueScope
-from .base import PER_CALL, calls_json, from_db, now_sql
+from .base import PER_CALL, from_db, now_sql
 from .mysql import MySQLWrites
 
 if TYPE_CHECKING:
@@ -137,7 +138,13 @@ class Inserts(MySQLWrites):
             per_call = {name: ("%s", [value]) for name, value in zip(names, values, strict=False)}
             source, source_params = "", []
         else:
-            source_params = [calls_json(rows, unique)]
+            calls = ",".join(
+                f'["{r.hex}",{args},{kwargs},{json.dumps(key)}]'
+                if unique
+                else f'["{r.hex}",{args},{kwargs}]'
+                for r, _, args, _, kwargs, key in rows
+            )
+            source_params = [f"[{calls}]"]
             if connection.vendor == "postgresql":
                 exprs = ["(value ->> 0)::uuid", "value -> 1", "value -> 2", "value ->> 3"]
                 source = "FROM jsonb_array_elements(%s::jsonb) AS call(value)"

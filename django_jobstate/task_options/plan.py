@@ -10,13 +10,12 @@ setting_changed (conf.reload_settings), which is how a plan knows it is stale.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..conf import Settings, get_settings
 from ..limits.concurrency import concurrency_key, is_limited
 from ..limits.rates import rate_limit
-from ..managers.progress import check_metadata
 from ..tasksapi import Task
 from ..uniqueness import UniqueScope, is_unique, unique_key
 
@@ -37,8 +36,8 @@ class Plan:
     rate_limit: str | None  # limits/rates.py's stored form
     tracing: bool
     # enqueue_many()'s options when a call needs nothing but them (no unique or concurrency
-    # key, rate limit, run_after, dependency or trace): JobStateBackend.enqueue()'s fast
-    # path. None otherwise.
+    # key, rate limit, run_after, metadata, dependency or trace; the task's own backend):
+    # JobStateBackend.enqueue()'s fast path. None otherwise.
     plain: dict[str, Any] | None
 
     def per_call(self, calls: Sequence[tuple[Sequence[Any], dict[str, Any]]]) -> dict[str, Any]:
@@ -78,7 +77,6 @@ class Plans:
 
 def make_plan(task: Task, settings: Settings, alias: str) -> Plan:
     """The plan of a task already checked (with settings applied, as `with_settings()`)."""
-    metadata = getattr(task, "metadata", None)
     options = {
         "queue_name": task.queue_name,
         "priority": task.priority,
@@ -87,25 +85,31 @@ def make_plan(task: Task, settings: Settings, alias: str) -> Plan:
         "max_attempts": _option(task, "max_attempts", settings.DEFAULT_MAX_ATTEMPTS),
         "backoff": _option(task, "backoff", settings.DEFAULT_BACKOFF),
         "timeout": _option(task, "timeout", settings.DEFAULT_TIMEOUT),
-        "metadata": metadata,
+        "metadata": getattr(task, "metadata", None),
     }
-    plan = Plan(
+    unique, limited, rate = is_unique(task), is_limited(task), rate_limit(task)
+    # Metadata takes the general path: a dict the caller may still change, checked per call.
+    general = any(
+        [
+            unique,
+            limited,
+            rate is not None,
+            settings.TRACING,
+            task.run_after is not None,
+            options["metadata"] is not None,
+            task.backend != alias,
+            getattr(task, "depends_on", None) is not None,
+        ]
+    )
+    return Plan(
         task=task,
         options=options,
-        unique=is_unique(task),
-        limited=is_limited(task),
-        rate_limit=rate_limit(task),
+        unique=unique,
+        limited=limited,
+        rate_limit=rate,
         tracing=bool(settings.TRACING),
-        plain=None,
+        plain=None if general else {k: v for k, v in options.items() if k != "run_after"},
     )
-    if plan.unique or plan.limited or plan.rate_limit or plan.tracing or task.run_after:
-        return plan
-    if getattr(task, "depends_on", None) is not None:
-        return plan
-    plain = {name: value for name, value in options.items() if name != "run_after"}
-    # As enqueue_many() checks it: as it reads back, or InvalidPayload.
-    plain["metadata"] = None if metadata is None else check_metadata(metadata)
-    return replace(plan, plain=plain)
 
 
 def _option(task: Task, name: str, default: Any) -> Any:
