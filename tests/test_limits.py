@@ -119,6 +119,37 @@ def test_a_finish_hands_the_slot_to_the_oldest_held_job_of_the_key():
     assert slots(*results) == [1, 1, 1]
 
 
+@pytest.mark.skipif(connection.vendor == "sqlite", reason="SQLite locks the file, not a row")
+def test_a_success_handing_its_slot_to_a_locked_row_holds_back_no_other_success():
+    """A worker's batch: a limited job's success hands its slot to the next held job of its
+    key, which an application transaction holds FOR UPDATE, so it waits; the unlimited
+    success beside it is written at once (a torture run saw it wait 6 s behind the lock)."""
+    limited, held = (one_per_customer.enqueue(1, label) for label in ("first", "held"))
+    free = unlimited.enqueue("free")
+    jobs = {str(job.result_id): job for job in claim_all()}
+    outcomes = [(jobs[limited.id], "one"), (jobs[free.id], "free")]
+    written: list[object] = []
+
+    def succeed() -> None:
+        try:
+            written.append(Job.objects.succeed_many("w", outcomes))
+        finally:
+            connection.close()
+
+    with transaction.atomic():
+        Job.objects.select_for_update().filter(pk=row(held).pk).get()
+        thread = threading.Thread(target=succeed)
+        thread.start()
+        try:
+            wait_for(lambda: row(free).state == State.SUCCEEDED, "the unlimited success", 10)
+            assert row(limited).state == State.RUNNING  # still waiting for the held row
+        finally:
+            transaction.set_rollback(True)  # nothing written here: the lock goes
+    thread.join(60)
+    assert written == [{jobs[limited.id].pk, jobs[free.id].pk}]
+    assert slots(limited, held, free) == [1, 1, None]
+
+
 def test_a_per_task_limit_and_bulk_enqueue():
     results = backend.bulk_enqueue(three_at_once, [((str(i),), {}) for i in range(5)])
     assert slots(*results) == [1, 2, 3, "held", "held"]

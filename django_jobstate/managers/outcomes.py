@@ -53,19 +53,23 @@ class Outcomes(MySQLWrites, Retry):
         check_transition(State.RUNNING, State.SUCCEEDED)
         # One by one, each in its transaction: a limited job hands its slot on
         # (limits/concurrency.py). Jobs with dependents: together, in a transaction that
-        # releases what waits for them (deps.py). Only they pay.
+        # releases what waits for them (deps.py). Only they pay. The plain ones first: the
+        # others write rows beside their own (a held job, a dependent), which an
+        # application's transaction may hold, and what waits for them must not hold back
+        # the rest of the batch.
         limited = [(job, value) for job, value in outcomes if job.concurrency_key is not None]
         linked = [o for o in outcomes if o[0].has_dependents and o[0].concurrency_key is None]
         plain = [o for o in outcomes if not o[0].has_dependents and o[0].concurrency_key is None]
-        written = self._succeed_each(limited) if limited else set()
+        written: set[int] = set()
         if plain:
-            done = self._succeed_many(worker_id, plain)
-            written |= done
+            written = self._succeed_many(worker_id, plain)
             # Not written: lost to another writer, or given a dependent since it was
             # claimed (the statement leaves has_dependents rows alone): written as linked.
-            linked += [o for o in plain if o[0].pk not in done]
+            linked += [o for o in plain if o[0].pk not in written]
         if linked:
             written |= self._succeed_linked(worker_id, linked)
+        if limited:
+            written |= self._succeed_each(limited)
         return written
 
     def _succeed_linked(self, worker_id: str, outcomes: Sequence[tuple[Job, Any]]) -> set[int]:
