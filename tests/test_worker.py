@@ -12,6 +12,7 @@ from django.utils import timezone
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.exceptions import WorkerLost
+from django_jobstate.managers.queue_claim import forget_run_time_limits
 from django_jobstate.models import Job
 from django_jobstate.runner.wakeup import Waiter
 from django_jobstate.runner.worker import Worker
@@ -420,6 +421,37 @@ def test_under_continuous_load_a_worker_claims_from_its_last_job_less_a_margin(m
         old = last - LIVE_MARGIN * 3  # a run_after given in the past: before the key
         tasks.record.using(run_after=old).enqueue("announced")
         assert [j.args for j in claim_when_heard(worker)] == [["announced"]], "left to the rescan"
+    finally:
+        worker._waiter.close()
+
+
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="a key needs NOTIFY: PostgreSQL")
+@pytest.mark.django_db(transaction=True)
+def test_a_connection_ended_after_a_claim_does_not_end_the_worker(monkeypatch):
+    """A claim that took what there was reads whether its queues have limits (to keep a
+    key), once its cached answer is stale. The server ending the connection there (a
+    restart, a failover) must not end the worker: its process died, and the attempts it
+    had just claimed were failed as lost (a torture run's outage)."""
+    monkeypatch.setattr("django_jobstate.managers.queue_claim.LIMITS_TTL", 0)  # always read
+    forget_run_time_limits()
+    reads = 0
+
+    def end_at_the_second_read(execute, sql, params, many, context):
+        nonlocal reads
+        if sql.startswith('SELECT "django_jobstate_jobqueue"'):
+            reads += 1
+            if reads == 2:  # the claim's own read went through; this is the one after it
+                end_this_connection()
+        return execute(sql, params, many, context)
+
+    worker = listening_worker()
+    try:
+        claimed = [JobFactory(args=["a"]), JobFactory(args=["b"])]
+        with connection.execute_wrapper(end_at_the_second_read):
+            assert worker.claim() == claimed
+        assert reads == 2
+        assert worker._from_key is None, "a key kept without knowing the queues' limits"
+        assert worker.claim() == []  # connected again
     finally:
         worker._waiter.close()
 

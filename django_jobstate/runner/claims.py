@@ -195,7 +195,14 @@ class Claims:
         if self._waiter is None or not self._waiter.hears():
             return False
         queues = self.queues if self.queues is not None else self._queue_names
-        return not limited_queues(self.db, list(queues))
+        try:
+            return not limited_queues(self.db, list(queues))
+        except DatabaseError:
+            # Read after a claim that succeeded (a restart, a failover meanwhile): keep no
+            # key, and let the next claim meet the outage, which it survives. Raised, it
+            # ended the worker process, and the attempts it had just claimed and begun
+            # were failed as lost (a torture run's outage).
+            return False
 
     def look_again_in(self, last_look: float) -> float:
         """Seconds an idle worker waits for a notification before it claims again: its poll
