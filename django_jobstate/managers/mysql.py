@@ -161,8 +161,9 @@ class MySQLWrites(Writes):
     def _insert_mysql(
         self, db: str, template: Job, rows: list[Row], lock_held: bool
     ) -> tuple[dict[str, int], dict[str, int], tuple[datetime, datetime]]:
-        """_insert() on MariaDB/MySQL: one multi-row INSERT, then the rows written read
-        back by result_id in the same transaction (MySQL has no INSERT ... RETURNING).
+        """_insert() on MariaDB/MySQL: one multi-row INSERT, its rows' ids returned by
+        MariaDB, or read back by result_id in the same transaction (MySQL has no INSERT
+        ... RETURNING).
 
         A row whose unique key is held is not written: ON DUPLICATE KEY UPDATE with an
         update that changes nothing (INSERT IGNORE would also skip, silently, a row that a
@@ -205,16 +206,23 @@ class MySQLWrites(Writes):
         )
         if unique:
             sql += f" ON DUPLICATE KEY UPDATE {qn('id')} = {qn('id')}"
-        field = self.model._meta.get_field("result_id")  # char(32), or MariaDB's uuid
-        sent = [field.get_db_prep_value(row[0], connection) for row in rows]
         # Several rows' times are one clock reading (now_sql()): read once, from the first
         # row, not converted for each of thousands (measured: a fifth of the read back).
         times = "`run_after`, `enqueued_at`"
         read = f"`id`, `result_id`, {times}" if len(rows) == 1 else "`id`, `result_id`"
+        # MariaDB returns the rows it wrote (RETURNING): no read back by result id, which
+        # took an index lookup a row. Not with ON DUPLICATE KEY UPDATE, where it would
+        # return a held key's holder too; nor on MySQL, which has no RETURNING.
+        returning = not unique and connection.features.can_return_rows_from_bulk_insert
+        if returning:
+            sql += f" RETURNING {read}"
         with transaction.atomic(using=db), connection.cursor() as cursor:
             cursor.execute(sql, params)
-            marks = ", ".join(["%s"] * len(sent))
-            cursor.execute(f"SELECT {read} FROM {table} WHERE `result_id` IN ({marks})", sent)
+            if not returning:
+                field = self.model._meta.get_field("result_id")  # char(32), or MariaDB's uuid
+                sent = [field.get_db_prep_value(row[0], connection) for row in rows]
+                marks = ", ".join(["%s"] * len(sent))
+                cursor.execute(f"SELECT {read} FROM {table} WHERE `result_id` IN ({marks})", sent)
             returned = cursor.fetchall()
             clock: Sequence[Any] = returned[0][2:] if returned else ()
             if returned and len(rows) > 1:
