@@ -254,6 +254,8 @@ class Job(limit_fields.ConcurrencyFields, WorkflowFields):
             # Partial, one per terminal state, so that a row enters one only when it finishes
             # (queued and running rows are in the two above): an index on (state, id) would
             # take a new entry at every write of a row, as PostgreSQL writes a new version.
+            # MariaDB/MySQL would get them whole, the primary key's twins: migration 0019
+            # drops them there.
             db_indexes.Index(
                 fields=["-id"], condition=Q(state=State.SUCCEEDED), name="jobstate_job_succeeded"
             ),

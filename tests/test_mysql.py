@@ -122,3 +122,21 @@ def test_migration_0009_goes_back_and_forth():
         assert CLAIM_ORDER not in indexes()
         call_command("migrate", "django_jobstate", verbosity=0)
         assert indexes() == applied
+
+
+@pytest.mark.django_db(transaction=True)
+def test_no_index_repeats_the_primary_key_and_migration_0019_goes_back_and_forth():
+    def twins() -> set[str]:  # indexes on `id` alone, the primary key aside
+        with connection.cursor() as cursor:
+            found = connection.introspection.get_constraints(cursor, Job._meta.db_table)
+        return {
+            name
+            for name, c in found.items()
+            if c["index"] and not c["primary_key"] and c["columns"] == ["id"]
+        }
+
+    assert twins() == set()
+    call_command("migrate", "django_jobstate", "0018", verbosity=0)
+    assert twins() == {"jobstate_job_succeeded", "jobstate_job_failed"}
+    call_command("migrate", "django_jobstate", verbosity=0)
+    assert twins() == set()
