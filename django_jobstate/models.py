@@ -1,5 +1,6 @@
-"""The Job table: one row per attempt of a task (the other tables: heartbeats.py,
-queues.py, schedules/model.py, limits/fields.py, workflows/fields.py)."""
+"""The Job table: one row per attempt of a task (what the database refuses in one:
+job_checks.py; the other tables: heartbeats.py, queues.py, schedules/model.py,
+limits/fields.py, workflows/fields.py)."""
 
 from datetime import timedelta
 
@@ -10,6 +11,7 @@ from django.utils.translation import gettext_lazy as _
 # The other tables, each in its own module (Django finds an app's models in this one).
 from .db import indexes as db_indexes
 from .heartbeats import WorkerHeartbeat as WorkerHeartbeat
+from .job_checks import CHECKS
 from .limits import fields as limit_fields
 from .limits.fields import ConcurrencyLock as ConcurrencyLock
 from .limits.fields import TaskRate as TaskRate
@@ -22,11 +24,7 @@ from .uniqueness import HOLDS_KEY, KEY_INDEX, UniqueScope
 from .workflows.fields import JobDependency as JobDependency
 from .workflows.fields import WorkflowFields
 
-_STARTED = Q(started_at__isnull=False, worker_id__isnull=False)
-_NOT_FAILED = Q(failure_reason="")
-_CANCELLED = Q(failure_reason=FailureReason.CANCELLED)
 _DEFAULT: dict = {"default": "default", "db_default": "default"}
-_NEVER_STARTED = Q(failure_reason__in=[FailureReason.CANCELLED, FailureReason.UPSTREAM_FAILED])
 
 
 class Job(limit_fields.ConcurrencyFields, WorkflowFields):
@@ -142,58 +140,7 @@ class Job(limit_fields.ConcurrencyFields, WorkflowFields):
         # Starting any task with any arguments is more than changing jobs: asked for apart.
         permissions = [("enqueue_task", _("Can start any task by hand"))]
         constraints = [
-            models.CheckConstraint(condition=Q(state__in=State.values), name="jobstate_job_state"),
-            models.CheckConstraint(
-                condition=Q(failure_reason__in=["", *FailureReason.values]),
-                name="jobstate_job_failure_reason",
-            ),
-            models.CheckConstraint(
-                condition=Q(priority__gte=-100, priority__lte=100), name="jobstate_job_priority"
-            ),
-            models.CheckConstraint(
-                condition=Q(attempt__gte=1, max_attempts__gte=1), name="jobstate_job_attempt"
-            ),
-            # The fields each state implies.
-            models.CheckConstraint(
-                condition=~Q(state=State.QUEUED)
-                | Q(started_at=None, finished_at=None, worker_id=None, cancel_requested_at=None)
-                & _NOT_FAILED,
-                name="jobstate_job_queued_fields",
-            ),
-            models.CheckConstraint(
-                condition=~Q(state=State.RUNNING) | _STARTED & Q(finished_at=None) & _NOT_FAILED,
-                name="jobstate_job_running_fields",
-            ),
-            models.CheckConstraint(
-                condition=~Q(state=State.SUCCEEDED)
-                | _STARTED & Q(finished_at__isnull=False) & _NOT_FAILED,
-                name="jobstate_job_succeeded_fields",
-            ),
-            # Failed: started by a worker, or cancelled or failed upstream while queued
-            # (never started); a cancelled attempt was asked to be.
-            models.CheckConstraint(
-                condition=~Q(state=State.FAILED)
-                | Q(finished_at__isnull=False)
-                & ~_NOT_FAILED
-                & (_STARTED | Q(started_at=None, worker_id=None) & _NEVER_STARTED)
-                & (~_CANCELLED | Q(cancel_requested_at__isnull=False)),
-                name="jobstate_job_failed_fields",
-            ),
-            models.CheckConstraint(
-                condition=Q(unique_key=None, unique_scope=None)
-                # NOT NULL too: IN with a NULL is unknown, which a CHECK lets through.
-                | Q(
-                    unique_key__isnull=False,
-                    unique_scope__isnull=False,
-                    unique_scope__in=UniqueScope.values,
-                ),
-                name="jobstate_job_unique_scope",
-            ),
-            models.CheckConstraint(
-                condition=Q(schedule_name=None, scheduled_for=None)
-                | Q(schedule_name__isnull=False, scheduled_for__isnull=False),
-                name="jobstate_job_schedule_tick",
-            ),
+            *CHECKS,  # what the row may hold (job_checks.py)
             models.UniqueConstraint(
                 fields=["result_id", "attempt"], name="jobstate_job_one_row_per_attempt"
             ),

@@ -35,6 +35,7 @@ LAYERS: list[tuple[str, list[str]]] = [
         "data",
         [
             "models",
+            "job_checks",
             "querysets",
             "managers",
             "heartbeats",
