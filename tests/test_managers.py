@@ -487,6 +487,31 @@ def test_statistics_taken_on_an_empty_queue_do_not_mislead_the_claim():
     }
 
 
+@pytest.mark.skipif(connection.vendor != "postgresql", reason="PostgreSQL's planner")
+def test_a_batch_of_successes_finds_its_rows_by_id_whatever_the_statistics():
+    """ANALYZE a fresh backlog (no row has a worker yet), claim a batch, write its
+    successes: the planner took the worker's rows for one and, on a table of thousands of
+    rows, read all of it for each batch rather than its id index (3.5 ms against 1.6 at
+    10,000 rows)."""
+    Job.objects.enqueue_many("tests.tasks.record", [(("x",), {})] * 10_000)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {Job._meta.db_table}")
+    batch = Job.objects.claim("w", limit=50)
+    with CaptureQueriesContext(connection) as queries:
+        assert len(Job.objects.succeed_many("w", [(job, None) for job in batch])) == 50
+    [sql] = [query["sql"] for query in queries if "UPDATE" in query["sql"]]
+    with connection.cursor() as cursor:
+        cursor.execute(f"EXPLAIN (FORMAT JSON) {sql}")
+        [[plan]] = cursor.fetchone()
+    nodes, scans = [plan["Plan"]], set()
+    while nodes:
+        node = nodes.pop()
+        nodes.extend(node.get("Plans", []))
+        if "Scan" in node["Node Type"] and node.get("Relation Name") == Job._meta.db_table:
+            scans.add((node["Node Type"], node.get("Index Name")))
+    assert scans == {("Index Scan", f"{Job._meta.db_table}_pkey")}
+
+
 def test_enqueue_sends_only_what_differs_from_the_database_defaults():
     with CaptureQueriesContext(connection) as queries:
         plain = Job.objects.enqueue("tests.tasks.record", ["x"])

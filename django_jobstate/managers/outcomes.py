@@ -98,9 +98,15 @@ class Outcomes(MySQLWrites, Retry):
             # as two arrays (psycopg formats those element by element: 0.44 ms), 0.7 so.
             rows = "SELECT (e ->> 0)::bigint, e -> 1 FROM jsonb_array_elements(%s::jsonb) e"
             values: list[Any] = [dumps([[job.pk, value] for job, value in outcomes])]
+            # The rows by their ids, whatever the statistics say: from a worker id they
+            # never saw (a fresh backlog analyzed), the planner took the rows for one, and
+            # on a table under ~20,000 rows read it all for the batch (3.5 ms against 1.6
+            # at 10,000 rows). An array it cannot see into makes the id index the cheaper.
+            by_id = f"AND {table}.{qn('id')} = ANY(ARRAY(SELECT id FROM outcome))"
         else:
             rows = "VALUES " + ", ".join(["(%s, %s)"] * len(outcomes))
             values = [param for job, value in outcomes for param in (job.pk, dumps(value))]
+            by_id = ""
         with write_lock_first(db), connection.cursor() as cursor:
             now, now_params = now_sql(connection)
             # The rows are found by id; the fence is written `state || ''` so that the
@@ -113,7 +119,7 @@ class Outcomes(MySQLWrites, Retry):
                 SET {qn("state")} = %s, {qn("finished_at")} = {now},
                     {qn("return_value")} = outcome.return_value
                 FROM outcome
-                WHERE {table}.{qn("id")} = outcome.id
+                WHERE {table}.{qn("id")} = outcome.id {by_id}
                     AND {qn("state")} || '' = %s AND {qn("worker_id")} = %s
                     AND ({qn("has_dependents")} = %s OR %s)
                 RETURNING {table}.{qn("id")}
