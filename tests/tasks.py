@@ -10,6 +10,7 @@ from pathlib import Path
 from django_jobstate.context import JobStateContext
 from django_jobstate.tasksapi import TaskContext, task
 from tests.limit_tasks import (  # noqa: F401 (exposed: workers find them here)
+    five_a_minute,
     five_a_second,
     one_per_customer,
     rated_one_per_customer,
