@@ -44,6 +44,7 @@ LAYERS: list[tuple[str, list[str]]] = [
             "db.notify",
             "receivers",
             "db.sqlite_turns",
+            "db.sqlite_direct",
             "db.indexes",
             "limits.fields",
             "workflows.fields",

@@ -26,6 +26,7 @@ from django.db import connections, router
 from django.db.backends.base.base import BaseDatabaseWrapper
 
 from ..db.notify import NOTIFY
+from ..db.sqlite_direct import direct_form, fetch_one
 from .base import PER_CALL, built_directly, instance, now_sql, process_now
 from .bulk import EnqueuedJobs, pipelined
 from .insert import Written, give
@@ -51,6 +52,7 @@ class Prepared:
     template: Job  # read only: the fields every job of these options shares
     build: Builder  # a Job as if read back, from (result_id, args, kwargs, unique_key)
     sql: str | None  # the one-row INSERT ... RETURNING; None where there is no RETURNING
+    direct: str | None  # its form for SQLite's driver (db/sqlite_direct.py), or None
     params: list[Any]  # its parameters, with the stand-ins above
     at: dict[object, list[int]]  # where each stand-in is in params
     read_time: Callable[[Any], datetime]  # a time read back, as the ORM would give it
@@ -164,6 +166,7 @@ class PreparedInserts:
             template=template,
             build=job_builder(self.model, db, template),
             sql=sql,
+            direct=None if sql is None else direct_form(connection, sql),
             params=params,
             at=at,
             read_time=time_reader(connection, self.model),
@@ -226,10 +229,9 @@ class PreparedInserts:
             now, written = process_now(connection)
             for i in at[_NOW]:
                 params[i] = written
-        assert prepared.sql is not None
-        with connection.cursor() as cursor:
-            cursor.execute(prepared.sql, params)
-            pk, run_after, enqueued_at, *_ = cursor.fetchone()
+        sql = prepared.sql
+        assert sql is not None
+        pk, run_after, enqueued_at, *_ = fetch_one(connection, sql, prepared.direct, params)
         if now is not None and connection.timezone in (None, UTC):
             return pk, now, now  # the times written, as the ORM reads them back: no parse
         return pk, prepared.read_time(run_after), prepared.read_time(enqueued_at)
