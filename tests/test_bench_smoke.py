@@ -164,7 +164,7 @@ def test_the_continuous_report_gives_the_latency_verdict_and_the_floor_of_bulk_b
         "workers": 2, "in_flight": 8,
         "runs": {"single-50%": run("single", 3.0), "bulk-50%": run("bulk", 30.0)},
     }  # fmt: skip
-    sizes = type("Sizes", (), {"step": 20, "every": 10})()
+    sizes = type("Sizes", (), {"step": 20, "every": 10, "bulk_every": 0.1})()
 
     lines = continuous_lines(load, sizes)
 
@@ -173,6 +173,15 @@ def test_the_continuous_report_gives_the_latency_verdict_and_the_floor_of_bulk_b
     assert (
         "- bulk-50%: pickup p50 < 5 ms and p99 < 50 ms: **NOT MET** "
         "(its batches allow p50 >= 25.0 ms)" in lines
+    )
+    assert "a batch every 0.1 s" in lines[1]
+
+    # Batches ten times as frequent (--bulk-every 0.01): a tenth of the floor.
+    load["runs"] = {"bulk-50%": {**run("bulk", 3.0), "bulk_every": 0.01}}
+    lines = continuous_lines(load, sizes)
+    assert (
+        "- bulk-50%: pickup p50 < 5 ms and p99 < 50 ms: met (its batches allow p50 >= 2.5 ms)"
+        in lines
     )
 
 

@@ -135,6 +135,9 @@ class Sizes:
     load_in_flight: int = 8
     # The highest sustained rate, given (--rate): the search for it is skipped.
     top_rate: float | None = None
+    # Seconds between a bulk producer's batches (--bulk-every): a batch's jobs are due at
+    # once, which sets a floor under their pickup latency (bench_load_report.batch_floor).
+    bulk_every: float = 0.1
 
 
 FULL = Sizes()
@@ -488,6 +491,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="the continuous-load and pressure figures' highest sustained rate (jobs/s), "
         "given: their runs at 50%% and 90%% of it without searching for it",
     )
+    parser.add_argument(
+        "--bulk-every",
+        type=float,
+        help="seconds between the bulk producer's batches (default 0.1): a batch's jobs are "
+        "due at once, so its length sets a floor under their pickup latency",
+    )
     parser.add_argument("--history-rows", type=int, help="default 1,000,000; quick 10,000")
     parser.add_argument(
         "--history-budget", type=float, help="seconds per history drain (default 120; quick 20)"
@@ -525,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
         ("load_workers", args.load and args.load[0]),
         ("load_in_flight", args.load and args.load[1]),
         ("top_rate", args.rate),
+        ("bulk_every", args.bulk_every),
     ]:
         if value is not None:
             sizes = replace(sizes, **{field: value})

@@ -75,7 +75,8 @@ def continuous_lines(load: dict[str, Any], sizes: Any) -> list[str]:
         "",
         f"Continuous load (issue 28): {shape(load)}. No-op "
         f"drain {num(load['drain'])} jobs/s; highest rate sustained with a bounded queue "
-        f"{num(load['max_rate'])} jobs/s (bulk producer, {sizes.step:g} s a step: {steps}), "
+        f"{num(load['max_rate'])} jobs/s (bulk producer, a batch every "
+        f"{sizes.bulk_every:g} s, {sizes.step:g} s a step: {steps}), "
         f"{num(ratio, '{:.2f}')} of the drain (target >= 0.5): "
         f"{verdict(ratio and ratio >= 0.5)}",
         "",
@@ -132,12 +133,13 @@ def peer_line(load: dict[str, Any], results: dict[str, Any]) -> str:
 
 def batch_floor(run: dict[str, Any], drain: float | None) -> float | None:
     """The least pickup p50 (ms) a bulk run's batches allow: a batch of the rate enqueued x
-    BULK_EVERY jobs is due at once, and the workers take its jobs one after another at their no-op
-    drain's rate at best, so the batch's middle job waits half the batch's length. None for
-    jobs enqueued one by one (no such floor)."""
+    its producer's period (BULK_EVERY unless --bulk-every) jobs is due at once, and the
+    workers take its jobs one after another at their no-op drain's rate at best, so the
+    batch's middle job waits half the batch's length. None for jobs enqueued one by one
+    (no such floor)."""
     if run["mode"] != "bulk" or not drain:
         return None
-    return run["fed_rate"] * BULK_EVERY / (2 * drain) * 1000
+    return run["fed_rate"] * run.get("bulk_every", BULK_EVERY) / (2 * drain) * 1000
 
 
 def pressure_lines(pressure: dict[str, Any], sizes: Any) -> list[str]:

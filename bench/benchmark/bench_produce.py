@@ -2,8 +2,9 @@
 
 A producer enqueues a 1 ms load job (sync, or async for --in-flight workers) at a fixed
 rate for a number of seconds: one `enqueue()` per job (autocommit), or `bulk_enqueue()` of
-what is due every BULK_EVERY seconds. It reports how many it enqueued and how many were
-due (a producer that cannot keep up says so rather than lowering the rate unseen).
+what is due every BULK_EVERY seconds (bench.py --bulk-every). It reports how many it
+enqueued and how many were due (a producer that cannot keep up says so rather than
+lowering the rate unseen).
 """
 
 from __future__ import annotations
@@ -17,12 +18,14 @@ from bench.common import wait_for
 BULK_EVERY = 0.1  # seconds between a bulk producer's batches
 
 
-def produce(rows: Any, rate: str, seconds: str, mode: str, name: str) -> dict[str, Any]:
+def produce(
+    rows: Any, rate: str, seconds: str, mode: str, name: str, every: str = str(BULK_EVERY)
+) -> dict[str, Any]:
     """Enqueue at `rate` per second until `seconds` have passed: what is due, one by one or
-    every BULK_EVERY s in bulk. A producer that falls behind (a loaded machine) enqueues
+    every `every` s in bulk. A producer that falls behind (a loaded machine) enqueues
     fewer, never for longer: how many it enqueued, and how many were due. `name`: the
     load's task (bench_tasks)."""
-    task, per_second, length = rows.task(name), float(rate), float(seconds)
+    task, per_second, length, period = rows.task(name), float(rate), float(seconds), float(every)
     bulk = task.get_backend().bulk_enqueue
     count, started = 0, time.perf_counter()
     while (elapsed := time.perf_counter() - started) < length:
@@ -35,7 +38,7 @@ def produce(rows: Any, rate: str, seconds: str, mode: str, name: str) -> dict[st
         else:
             bulk_enqueue(bulk, task, due)
             count += due
-            time.sleep(max(0.0, BULK_EVERY - (time.perf_counter() - started) % BULK_EVERY))
+            time.sleep(max(0.0, period - (time.perf_counter() - started) % period))
     return {"fed": count, "due": int(per_second * length), "seconds": length}
 
 
