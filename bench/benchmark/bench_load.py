@@ -121,7 +121,8 @@ class LoadFigures:
         return steps
 
     def step(self, env: dict[str, str], sampler: Sampler, rate: float) -> dict[str, Any]:
-        fed = Producers(env, rate, self.sizes.step, "bulk", self.load_task, self.sizes).finish()
+        s = self.sizes
+        fed = Producers(env, rate, s.step, "bulk", self.load_task, s.bulk_every).finish()
         depth = sampler.depth()
         bound = rate * BOUNDED + 100
         # Drain what is left before the next step (a rate far beyond: its backlog).
@@ -146,7 +147,7 @@ class LoadFigures:
         try:
             helper(env, "warm", "120")
             sampler = Sampler(name, s.every)
-            producers = Producers(env, rate, s.duration, mode, self.load_task, s)
+            producers = Producers(env, rate, s.duration, mode, self.load_task, s.bulk_every)
             if not wait_for(sampler.started, 120):
                 raise RuntimeError("the producers enqueued nothing within 120 s")
             sampler.start()
@@ -192,11 +193,11 @@ class Producers:
     (processes) to reach the rate if the machine lets them."""
 
     def __init__(
-        self, env: dict[str, str], rate: float, seconds: float, mode: str, task: str, sizes: Any
+        self, env: dict[str, str], rate: float, seconds: float, mode: str, task: str, every: float
     ) -> None:
         count = 1 if mode == "bulk" else max(1, math.ceil(rate / PRODUCER_RATE))
         command = [env["BENCH_PYTHON"], "-m", env["BENCH_HELPER"], "produce"]
-        args = [str(rate / count), str(seconds), mode, task, str(sizes.bulk_every)]
+        args = [str(rate / count), str(seconds), mode, task, str(every)]
         self.procs = [
             subprocess.Popen(
                 [*command, *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, text=True
