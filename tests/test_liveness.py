@@ -5,6 +5,7 @@ a write lock held past the window, or a task that holds the interpreter must not
 healthy worker's attempt run twice.
 """
 
+import fcntl
 import os
 import signal
 import sqlite3
@@ -18,6 +19,7 @@ from django.db.models import F
 from django.db.models.functions import Now
 from django.utils import timezone
 
+from django_jobstate.db.sqlite_turns import SUFFIXES
 from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import FailureReason, State
 from tests import tasks
@@ -244,6 +246,45 @@ def test_a_settle_that_waits_on_a_row_lock_does_not_silence_the_supervisor(runjo
     lost = wait_for(lambda: Job.objects.filter(pk=victim.pk, state=State.FAILED).first())
     assert lost.failure_reason == FailureReason.LOST
     wait_for(lambda: not WorkerHeartbeat.objects.filter(worker_id=victim.worker_id).exists())
+    for proc in (judge, supervisor):
+        runjobs.stop(proc)
+
+
+# Found by the torture run (SQLite): a worker SIGSTOPped after taking its turn at SQLite's
+# write lock and before taking the lock. Every transaction waited for the turn, every
+# statement in autocommit went on: the judge's beats (one UPDATE each) landed, while the
+# supervisor of a worker just killed waited to forget the killed one's row (a transaction,
+# as registering a worker is on Django 5.2: tests/test_sqlite_turns.py), and beat for
+# nobody meanwhile. The judge took the supervisor's healthy workers for lost.
+@pytest.mark.skipif(not SQLITE, reason="SQLite's turns at its write lock")
+def test_a_turn_held_by_a_stopped_writer_does_not_silence_a_supervisor(runjobs):
+    judge = a_judge(runjobs)
+    supervisor = runjobs.start("--queue", "default", "--concurrency", "2")
+    dying = tasks.sleeps_on_first_attempt.enqueue("d", 60)
+    victim = running(dying)
+    wait_for(lambda: Execution.objects.filter(label="d:1").exists())  # begun: not handed back
+    healthy = tasks.sleeps_on_first_attempt.enqueue("h", LOST_AFTER * 3)
+    bystander = running(healthy)
+    assert victim.worker_id != bystander.worker_id
+
+    os.kill(worker_pid(victim.worker_id), signal.SIGKILL)
+    wait_for(lambda: Job.objects.filter(pk=victim.pk, state=State.FAILED).exists())
+    # Settled: SETTLE_AGAIN_AFTER later its supervisor looks again, then forgets its row.
+    # The turn taken meanwhile, as a stopped writer holds it past the judge's window:
+    turn = os.open(str(connection.settings_dict["NAME"]) + SUFFIXES["turn"], os.O_RDWR)
+    try:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        time.sleep(LOST_AFTER * 1.5)
+        beats = WorkerHeartbeat.objects.annotate(age=Now() - F("last_seen"))
+        ages = {row.worker_id: row.age.total_seconds() for row in beats}
+    finally:
+        os.close(turn)
+
+    assert victim.worker_id not in ages, ages  # forgotten, the turn held
+    assert ages[bystander.worker_id] < LOST_AFTER / 2, (ages, runjobs.output(supervisor))
+    wait_for(lambda: tasks.sleeps_on_first_attempt.get_result(healthy.id).is_finished)
+    [only] = attempts(healthy)  # never taken for lost, so never run twice
+    assert (only.state, only.return_value) == (State.SUCCEEDED, 1)
     for proc in (judge, supervisor):
         runjobs.stop(proc)
 

@@ -9,19 +9,23 @@ the benchmark's (bench.py --only sqlite_fair).
 """
 
 import fcntl
+import functools
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from datetime import timedelta
 
 import pytest
 from django.db import OperationalError, connection, transaction
 from django.db.models import Max
+from django.utils import timezone
 
 from django_jobstate.backend import JobStateBackend
 from django_jobstate.db.sqlite_turns import APP, SUFFIXES
-from django_jobstate.models import Job
+from django_jobstate.models import Job, WorkerHeartbeat
 from django_jobstate.states import State
 from tests import tasks
 from tests.conftest import ROOT, subprocess_env
@@ -205,3 +209,44 @@ def test_a_killed_writer_leaves_no_turn_taken():
             proc.wait()
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+def closing(write):
+    """`write` then close the connection it opened (a thread's own)."""
+
+    def run():
+        try:
+            write()
+        finally:
+            connection.close()
+
+    return run
+
+
+def test_heartbeat_writes_take_no_turn():
+    """Registering a worker, forgetting one, forgetting the silent ones: transactions
+    (bulk_create() on Django 5.2, delete()). Behind a turn that a stopped writer holds they
+    would wait, while every other beat (one UPDATE in autocommit, no turn) lands, and a
+    judge would take the workers of whoever beats here for lost (tests/test_liveness.py).
+    They take no turn."""
+    beat = functools.partial(WorkerHeartbeat.objects.beat, host="h", queues=None)
+    beat({"kept": 1, "gone": 2, "silent": 3})
+    WorkerHeartbeat.objects.filter(worker_id="silent").update(
+        last_seen=timezone.now() - timedelta(hours=1)
+    )
+    turn = os.open(str(connection.settings_dict["NAME"]) + SUFFIXES["turn"], os.O_RDWR)
+    try:
+        fcntl.flock(turn, fcntl.LOCK_EX)  # as a writer SIGSTOPped holding its turn
+        for write in (
+            lambda: beat({"kept": 1, "new": 4}),
+            lambda: WorkerHeartbeat.objects.forget("gone"),
+            lambda: WorkerHeartbeat.objects.forget_lost(60),
+        ):
+            thread = threading.Thread(target=closing(write), daemon=True)
+            thread.start()
+            # Not a bound on its speed: a turn's wait ends at SQLite's busy timeout, 30 s.
+            thread.join(10)
+            assert not thread.is_alive(), "a heartbeat's write waited for the turn"
+    finally:
+        os.close(turn)
+    assert set(WorkerHeartbeat.objects.values_list("worker_id", flat=True)) == {"kept", "new"}
