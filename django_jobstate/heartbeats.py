@@ -26,6 +26,12 @@ class Process:
 
 
 class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
+    """The heartbeats' writes. None waits for a turn at SQLite's write lock
+    (db/sqlite_turns.py): a beat is one UPDATE in autocommit, which takes no turn, but
+    registering a worker (bulk_create() on Django 5.2) and forgetting one (delete()) are
+    transactions, and a beat held up behind a turn while the others land lets a judge take
+    the workers it beats for as lost."""
+
     @retries_conflicts
     def beat(
         self,
@@ -49,7 +55,7 @@ class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
         now = timezone.now()
         # MariaDB/MySQL name no conflict target: ON DUPLICATE KEY of the primary key.
         target = connections[self.db].features.supports_update_conflicts_with_target
-        with without_turns():  # bulk_create() writes in a transaction: see forget()
+        with without_turns():  # as every write here (the class's docstring)
             self.bulk_create(
                 [
                     self.model(
@@ -75,12 +81,7 @@ class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
 
     @retries_conflicts
     def forget(self, worker_id: str) -> None:
-        """Remove a worker that stopped cleanly.
-
-        The heartbeats' writes never wait for a turn at SQLite's write lock
-        (db/sqlite_turns.py): delete() and bulk_create() write in a transaction, and a
-        beat held up behind a turn while others land in autocommit lets a judge take the
-        workers it beats for as lost."""
+        """Remove a worker that stopped cleanly."""
         with without_turns():
             self.filter(worker_id=worker_id).delete()
 
@@ -91,7 +92,7 @@ class WorkerHeartbeatManager(models.Manager["WorkerHeartbeat"]):
 
         cutoff = Now() - timedelta(seconds=lost_after)
         busy = Job.objects.running().values("worker_id")
-        with without_turns():  # as forget()
+        with without_turns():
             self.filter(last_seen__lt=cutoff).exclude(worker_id__in=busy).delete()
 
 
