@@ -250,6 +250,43 @@ def test_a_settle_that_waits_on_a_row_lock_does_not_silence_the_supervisor(runjo
         runjobs.stop(proc)
 
 
+# Found by a MariaDB torture run: a host cut off while one supervisor had been killed and
+# another was frozen whole, its worker inside a transaction. The third supervisor's settle
+# of a worker of its own waited on that transaction's lock, and its rescues came after its
+# settles in the same thread: no one judged the cut-off host until the link came back.
+@pytest.mark.skipif(SQLITE, reason="row locks: SQLite has one write lock, no row locks")
+def test_a_judge_whose_settle_waits_on_a_row_lock_still_rescues_others(runjobs):
+    judge = runjobs.start("--queue", "default", "--concurrency", "2")
+    doomed = runjobs.start("--queue", "emails")
+    wait_for(lambda: WorkerHeartbeat.objects.count() == 3)
+    time.sleep(LOST_AFTER + 1)  # the judge has been connected for a window
+    dying = tasks.sleeps_on_first_attempt.enqueue("d", 60)
+    victim = running(dying)
+    stranded = tasks.sleeps_on_first_attempt.using(queue_name="emails").enqueue("s", 60)
+    orphan = running(stranded)
+    wait_for(lambda: Execution.objects.filter(label__in=["d:1", "s:1"]).count() == 2)
+    holder = connection.get_new_connection(connection.get_connection_params())
+    try:
+        with holder.cursor() as cursor:  # the row the judge's supervisor must fail as lost
+            cursor.execute(
+                f"SELECT 1 FROM {Job._meta.db_table} WHERE id = %s FOR UPDATE", [victim.pk]
+            )
+        os.kill(worker_pid(victim.worker_id), signal.SIGKILL)  # its settle waits on the lock
+        os.killpg(doomed.pid, signal.SIGKILL)  # the supervisor and its worker, mid-attempt
+        # Held until the rescue is seen: behind the settle, none could come meanwhile.
+        rescued = Job.objects.filter(pk=orphan.pk, state=State.FAILED)
+        lost = wait_for(rescued.first, what="the rescue, the lock held", timeout=30)
+        settled = Job.objects.filter(pk=victim.pk, state=State.FAILED).exists()
+    finally:
+        holder.rollback()
+        holder.close()
+
+    assert lost.failure_reason == FailureReason.LOST, lost.error_message
+    assert not settled  # its settle was still waiting
+    wait_for(lambda: Job.objects.filter(pk=victim.pk, state=State.FAILED).exists())
+    runjobs.stop(judge)
+
+
 # Found by the torture run (SQLite): a worker SIGSTOPped after taking its turn at SQLite's
 # write lock and before taking the lock. Every transaction waited for the turn, every
 # statement in autocommit went on: the judge's beats (one UPDATE each) landed, while the

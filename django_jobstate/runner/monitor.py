@@ -2,11 +2,12 @@
 
 The supervisor's main loop must never wait for the database: it kills workers at their
 deadlines whatever the database does. So its monitor thread makes the database work of
-the supervisor: the rescue of lost workers elsewhere (liveness.py), cancel requests passed
-to its workers' ledgers (cancels.py), and the writes the main loop hands over (settling a
-worker that ended, handing back held attempts), each retried until the database takes it,
-if its error can pass (connection_lost()). Those may wait on a row lock; the heartbeats for
-its workers must not, so they come from a thread of the monitor's own (liveness.Heart). An error
+the supervisor: cancel requests passed to its workers' ledgers (cancels.py), and the
+writes the main loop hands over (settling a worker that ended, handing back held
+attempts), each retried until the database takes it, if its error can pass
+(connection_lost()). Those may wait on a row lock; the heartbeats for its workers and the
+rescue of lost workers elsewhere must not, so they come from threads of the monitor's own
+(liveness.Heart, liveness.Judge). An error
 that cannot (a constraint, a trigger) would stop every write behind it for good: the write
 is logged with its cause and dropped (an attempt the database refuses to fail as lost
 fails with that refusal instead: Settle.fail_refused()), and so is a write that raises
@@ -48,13 +49,14 @@ def release(worker_id: str, pks: list[int]) -> None:
 
 
 class Monitor(threading.Thread):
-    """The supervisor's database work: rescue of lost workers elsewhere, and the writes the
-    main loop hands over (settling a worker that ended, handing back held attempts), each
-    retried until the database takes it; and the heart that beats for its workers."""
+    """The supervisor's database work: the writes the main loop hands over (settling a
+    worker that ended, handing back held attempts), each retried until the database takes
+    it; the heart that beats for its workers, and the judge that rescues lost workers
+    elsewhere."""
 
     def __init__(self, supervisor: Supervisor) -> None:
         from ..heartbeats import Process
-        from .liveness import Heart, Pulse
+        from .liveness import Heart, Judge, Pulse
 
         super().__init__(name="jobstate-monitor", daemon=True)
         self.supervisor = supervisor
@@ -72,6 +74,8 @@ class Monitor(threading.Thread):
             process,
             vouching=self.is_alive,  # a monitor gone (a bug) settles nothing more
         )
+        # Rescues from a thread of their own: not behind a write here that waits on a lock.
+        self.judge = Judge(self.pulse, lambda: list(supervisor.workers))
         self._pending: list[Callable[[], None]] = []
         self._later: list[tuple[float, Callable[[], None]]] = []  # (monotonic time, write)
         self._lock = threading.Lock()
@@ -157,8 +161,9 @@ class Monitor(threading.Thread):
         from .cancels import pass_cancel_requests
 
         self.heart.start()
+        self.judge.start()
         interval = self.pulse.settings.HEARTBEAT_INTERVAL
-        next_rescue = time.monotonic()
+        next_look = time.monotonic()  # at the cancel requests
         next_due = math.inf
         try:
             while True:
@@ -168,24 +173,23 @@ class Monitor(threading.Thread):
                     next_due = self._next_due()  # a settle just made may have added one
                     if self._done.is_set() and not self._pending and next_due == math.inf:
                         return
-                    rescue = time.monotonic() >= next_rescue
-                    if rescue:
-                        next_rescue = time.monotonic() + interval
-                        self.pulse.rescue(list(self.supervisor.workers))
-                    if rescue or self._cancels_now:
+                    look = time.monotonic() >= next_look
+                    if look:
+                        next_look = time.monotonic() + interval
+                    if look or self._cancels_now:
                         self._cancels_now = False
                         pass_cancel_requests(self.supervisor.ledgers, self.pulse.name)
                 except Exception:
                     # A bug, or something no database error covers: ended here, the thread
-                    # would leave every later settle, rescue and cancel undone until a
-                    # restart. Said, and tried again at the next turn.
+                    # would leave every later settle and cancel undone until a restart.
+                    # Said, and tried again at the next turn.
                     logger.exception(
                         "The supervisor's monitor failed; it goes on",
                         extra={"event": "supervisor.monitor_failed"},
                     )
                     close_connection()
                     self._done.wait(min(1.0, interval))
-                self._wake.wait(max(0.0, min(next_rescue, next_due) - time.monotonic()))
+                self._wake.wait(max(0.0, min(next_look, next_due) - time.monotonic()))
                 self._wake.clear()
         finally:
             close_connection()
@@ -231,6 +235,7 @@ class Monitor(threading.Thread):
         self._done.set()
         self._wake.set()
         self.join(get_settings().LOST_AFTER)
+        self.judge.finish()
         self.heart.finish()
         if self.is_alive():
             logger.error(
