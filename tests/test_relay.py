@@ -156,13 +156,13 @@ def test_a_supervisor_holds_one_listener_and_one_connection_per_worker(runjobs):
         )[0]
 
     seen = []
-    # 4 workers + the relay's LISTEN + the monitor + its heart + the scheduler; were each
-    # worker to LISTEN for itself, as before the relay: 12.
-    wait_for(lambda: seen.append(count()) or seen[-1] == (8, 1), timeout=120, what="8 / 1")
+    # 4 workers + the relay's LISTEN + the monitor + its heart + its judge + the scheduler;
+    # were each worker to LISTEN for itself, as before the relay: 13.
+    wait_for(lambda: seen.append(count()) or seen[-1] == (9, 1), timeout=120, what="9 / 1")
     for _ in range(20):
         seen.append(count())
         time.sleep(0.1)
-    assert max(total for total, _ in seen) == 8, seen
+    assert max(total for total, _ in seen) == 9, seen
     assert max(listening for _, listening in seen) == 1, seen
 
     # Every worker idle until its next poll, 30 s away: a notification must wake one.
