@@ -55,6 +55,19 @@ def beside_a_judge(runjobs):
     return judge, worker
 
 
+def a_victim_and_a_bystander(runjobs):
+    """A judge, and a supervisor of two workers: one running a long attempt (the victim,
+    begun: not handed back if its worker dies), the other a healthy one of 3 windows."""
+    judge = a_judge(runjobs)
+    supervisor = runjobs.start("--queue", "default", "--concurrency", "2")
+    victim = running(tasks.sleeps_on_first_attempt.enqueue("d", 60))
+    wait_for(lambda: Execution.objects.filter(label="d:1").exists())
+    healthy = tasks.sleeps_on_first_attempt.enqueue("h", LOST_AFTER * 3)
+    bystander = running(healthy)
+    assert victim.worker_id != bystander.worker_id
+    return judge, supervisor, victim, healthy, bystander
+
+
 def hold_the_database_away(seconds: float) -> None:
     """PostgreSQL, MariaDB: stop the server. SQLite: hold its write lock (as a long
     bulk_enqueue does), so that every heartbeat waits."""
@@ -215,14 +228,7 @@ def test_a_row_locked_by_a_cut_off_worker_does_not_stop_the_judge(runjobs):
 # attempts were failed as lost and run again.
 @pytest.mark.skipif(SQLITE, reason="row locks: SQLite has one write lock, no row locks")
 def test_a_settle_that_waits_on_a_row_lock_does_not_silence_the_supervisor(runjobs):
-    judge = a_judge(runjobs)
-    supervisor = runjobs.start("--queue", "default", "--concurrency", "2")
-    dying = tasks.sleeps_on_first_attempt.enqueue("d", 60)
-    victim = running(dying)
-    wait_for(lambda: Execution.objects.filter(label="d:1").exists())  # begun: not handed back
-    healthy = tasks.sleeps_on_first_attempt.enqueue("h", LOST_AFTER * 3)
-    bystander = running(healthy)
-    assert victim.worker_id != bystander.worker_id
+    judge, supervisor, victim, healthy, bystander = a_victim_and_a_bystander(runjobs)
     holder = connection.get_new_connection(connection.get_connection_params())
     try:
         with holder.cursor() as cursor:  # the row its supervisor must fail as lost
@@ -260,8 +266,7 @@ def test_a_judge_whose_settle_waits_on_a_row_lock_still_rescues_others(runjobs):
     doomed = runjobs.start("--queue", "emails")
     wait_for(lambda: WorkerHeartbeat.objects.count() == 3)
     time.sleep(LOST_AFTER + 1)  # the judge has been connected for a window
-    dying = tasks.sleeps_on_first_attempt.enqueue("d", 60)
-    victim = running(dying)
+    victim = running(tasks.sleeps_on_first_attempt.enqueue("d", 60))
     stranded = tasks.sleeps_on_first_attempt.using(queue_name="emails").enqueue("s", 60)
     orphan = running(stranded)
     wait_for(lambda: Execution.objects.filter(label__in=["d:1", "s:1"]).count() == 2)
@@ -295,14 +300,7 @@ def test_a_judge_whose_settle_waits_on_a_row_lock_still_rescues_others(runjobs):
 # nobody meanwhile. The judge took the supervisor's healthy workers for lost.
 @pytest.mark.skipif(not SQLITE, reason="SQLite's turns at its write lock")
 def test_a_turn_held_by_a_stopped_writer_does_not_silence_a_supervisor(runjobs):
-    judge = a_judge(runjobs)
-    supervisor = runjobs.start("--queue", "default", "--concurrency", "2")
-    dying = tasks.sleeps_on_first_attempt.enqueue("d", 60)
-    victim = running(dying)
-    wait_for(lambda: Execution.objects.filter(label="d:1").exists())  # begun: not handed back
-    healthy = tasks.sleeps_on_first_attempt.enqueue("h", LOST_AFTER * 3)
-    bystander = running(healthy)
-    assert victim.worker_id != bystander.worker_id
+    judge, supervisor, victim, healthy, bystander = a_victim_and_a_bystander(runjobs)
 
     os.kill(worker_pid(victim.worker_id), signal.SIGKILL)
     wait_for(lambda: Job.objects.filter(pk=victim.pk, state=State.FAILED).exists())
