@@ -2,12 +2,16 @@
 and failures reach every worker and the exit code."""
 
 import json
+import os
 import signal
+import time
 
 import pytest
 from django.db import transaction
 
 from django_jobstate.models import Job
+from django_jobstate.runner.forking import worker_context
+from django_jobstate.runner.supervisor import send
 from django_jobstate.states import FailureReason, State
 from tests import tasks
 from tests.models import Execution
@@ -109,3 +113,26 @@ def test_a_burst_run_that_cannot_reach_the_database_does_not_exit_as_done(runjob
     assert done.returncode == 3, done.stdout
     assert "could not reach the database 'default'" in done.stdout
     assert Job.objects.get().state == State.QUEUED
+
+
+def test_a_signal_to_a_worker_process_already_reaped_is_no_error():
+    """A fork server reaps a worker process as it dies, before the supervisor hears of it:
+    a worker killed at one attempt's deadline and found past another's at the next turn
+    was gone, and os.kill() raised ProcessLookupError, which ended the supervisor (seen in
+    a torture run). runner/supervisor.send() passes over it."""
+    process = worker_context().Process(target=time.sleep, args=(60,))
+    process.start()
+    os.kill(process.pid, signal.SIGKILL)
+
+    def reaped() -> bool:
+        try:
+            os.kill(process.pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_for(reaped, what="the fork server to reap it")
+    for signum in (signal.SIGKILL, signal.SIGTERM):
+        send(process, signum)  # not yet told it ended: os.kill() would raise
+    process.join()
+    assert process.exitcode == -signal.SIGKILL

@@ -163,7 +163,7 @@ class Supervisor:
     def _signal_children(self, signum: int) -> None:
         for child in list(self._children.values()):
             if child.process.pid is not None and child.process.is_alive():
-                os.kill(child.process.pid, signum)
+                send(child.process, signum)
 
     def _wake_in(self) -> float:
         deadlines = [c.ledger.next_deadline() for c in self._children.values()]
@@ -192,7 +192,7 @@ class Supervisor:
                     extra={"event": "worker.overdue", "worker_id": child.worker_id, "job_id": pk},
                 )
                 child.timed_out = pk
-                os.kill(child.process.pid or 0, signal.SIGKILL)
+                send(child.process, signal.SIGKILL)
             elif held := child.ledger.release_held(now, HOLD_LIMIT):
                 logger.info(
                     "Worker %s: handing back %d job(s) held behind a slow one",
@@ -250,7 +250,7 @@ class Supervisor:
         self._publish()
         self.monitor.beat_soon()  # register it before it claims
         if self.stopping:  # a stop that came while it started: it must hear it too
-            os.kill(process.pid or 0, signal.SIGKILL if self.interrupted else signal.SIGTERM)
+            send(process, signal.SIGKILL if self.interrupted else signal.SIGTERM)
 
     def _ended(self, child: Child) -> None:
         code = child.process.exitcode
@@ -290,6 +290,19 @@ class Supervisor:
     def _should_replace(self, child: Child) -> bool:
         code = child.process.exitcode
         return not self.stopping and code not in (0, EXIT_UNAVAILABLE)
+
+
+def send(process: BaseProcess, signum: int) -> None:
+    """SIGTERM or SIGKILL a worker process that may have ended meanwhile.
+
+    A fork server reaps its children as they die, before this process hears of it: a
+    worker killed at one attempt's deadline, found past another's the next turn, was gone
+    by the second os.kill(), whose ProcessLookupError ended the supervisor (seen in a
+    torture run). multiprocessing's kill() and terminate() pass over a process gone."""
+    if signum == signal.SIGKILL:
+        process.kill()
+    else:
+        process.terminate()
 
 
 def start_scheduler(name: str) -> SchedulerThread:
