@@ -10,8 +10,7 @@ import pytest
 from django.db import transaction
 
 from django_jobstate.models import Job
-from django_jobstate.runner.forking import worker_context
-from django_jobstate.runner.supervisor import send
+from django_jobstate.runner.forking import send, worker_context
 from django_jobstate.states import FailureReason, State
 from tests import tasks
 from tests.models import Execution
@@ -119,7 +118,7 @@ def test_a_signal_to_a_worker_process_already_reaped_is_no_error():
     """A fork server reaps a worker process as it dies, before the supervisor hears of it:
     a worker killed at one attempt's deadline and found past another's at the next turn
     was gone, and os.kill() raised ProcessLookupError, which ended the supervisor (seen in
-    a torture run). runner/supervisor.send() passes over it."""
+    a torture run). runner/forking.send() passes over it."""
     process = worker_context().Process(target=time.sleep, args=(60,))
     process.start()
     os.kill(process.pid, signal.SIGKILL)

@@ -24,6 +24,7 @@ import signal
 import threading
 from collections.abc import Callable
 from multiprocessing.context import BaseContext
+from multiprocessing.process import BaseProcess
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -101,3 +102,16 @@ def release_server() -> None:
     if fd is not None:
         os.close(fd)
         setattr(server, "_forkserver_alive_fd", None)  # noqa: B010  (private: no stub)
+
+
+def send(process: BaseProcess, signum: int) -> None:
+    """SIGTERM or SIGKILL a worker process that may have ended meanwhile.
+
+    A fork server reaps its children as they die, before this process hears of it: a
+    worker killed at one attempt's deadline, found past another's the next turn, was gone
+    by the second os.kill(), whose ProcessLookupError ended the supervisor (seen in a
+    torture run). multiprocessing's kill() and terminate() pass over a process gone."""
+    if signum == signal.SIGKILL:
+        process.kill()
+    else:
+        process.terminate()

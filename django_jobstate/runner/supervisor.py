@@ -34,7 +34,7 @@ from ..exceptions import WorkerInterrupted, WorkerLost
 from ..states import FailureReason
 from ..telemetry import metrics
 from .child import EXIT_RECYCLE, EXIT_UNAVAILABLE, run_child
-from .forking import parents, start_server, worker_context
+from .forking import parents, send, start_server, worker_context
 from .ledger import STARTED, Ledger, ledger_size
 from .monitor import Monitor, release
 
@@ -290,19 +290,6 @@ class Supervisor:
     def _should_replace(self, child: Child) -> bool:
         code = child.process.exitcode
         return not self.stopping and code not in (0, EXIT_UNAVAILABLE)
-
-
-def send(process: BaseProcess, signum: int) -> None:
-    """SIGTERM or SIGKILL a worker process that may have ended meanwhile.
-
-    A fork server reaps its children as they die, before this process hears of it: a
-    worker killed at one attempt's deadline, found past another's the next turn, was gone
-    by the second os.kill(), whose ProcessLookupError ended the supervisor (seen in a
-    torture run). multiprocessing's kill() and terminate() pass over a process gone."""
-    if signum == signal.SIGKILL:
-        process.kill()
-    else:
-        process.terminate()
 
 
 def start_scheduler(name: str) -> SchedulerThread:
