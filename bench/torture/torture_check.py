@@ -454,11 +454,11 @@ def check(
                 for o in faults.outages:
                     if _within(finished, o.at, o.ended, window):
                         since = min(since, o.at - timedelta(seconds=1))
-                # On SQLite any writer SIGSTOPped inside a write holds every other writer,
+                # On SQLite any writer frozen inside a write holds every other writer,
                 # this worker's loop too when it writes (seen: a 6 s pause of another
                 # worker, then 5 neighbours lost at the deadline it could not cancel).
-                stalled = faults.one_write_lock and any(
-                    _overlaps(since, finished, p.stopped, p.resumed) for p in faults.pauses
+                stalled = any(
+                    _overlaps(since, finished, f.at, f.ended) for f in frozen_writers(faults, jobs)
                 )
                 if (
                     _cancellable(overrun)
@@ -754,6 +754,25 @@ def _cancellable(job: dict[str, Any]) -> bool:
 def _overlaps(start: datetime, end: datetime, at: datetime, ended: datetime | None) -> bool:
     """Do [start, end] and [at, ended] (ended None: still on) meet, give or take the slack?"""
     return at - CLOCK_SLACK <= end and (ended is None or ended + CLOCK_SLACK >= start)
+
+
+def frozen_writers(faults: Faults, jobs: list[dict[str, Any]]) -> list[Outage]:
+    """On SQLite, when a process may have held the one write lock from every other writer:
+    any worker SIGSTOPped, or its interpreter held by an attempt (a thread of its process,
+    the worker's loop or its flushing thread, may be inside a write: it cannot COMMIT until
+    the interpreter is free; seen: a 6 s hold of the GIL in an --in-flight worker, no job
+    row written by anyone for 6 s). None elsewhere: a frozen writer holds its rows only."""
+    if not faults.one_write_lock:
+        return []
+    windows = [Outage("stopped writer", p.stopped, p.resumed) for p in faults.pauses]
+    windows += [
+        Outage("held interpreter", j["started_at"], j["finished_at"])
+        for j in jobs
+        if j["args"][1] in (GIL_HOLD, GIL_OVERRUN)
+        and j["attempt"] == 1
+        and j["started_at"] is not None
+    ]
+    return windows
 
 
 def held(

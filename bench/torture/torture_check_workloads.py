@@ -49,6 +49,7 @@ from bench.torture.torture_check import (
     _seconds,
     _within,
     describe,
+    frozen_writers,
     held,
 )
 from bench.torture.torture_workloads import TICK_SCHEDULE, Workload
@@ -395,13 +396,13 @@ def _stalled(
     restarted, or connections killed: the write then retries after a back-off), its link
     cut, its process SIGSTOPped, or its interpreter held by an attempt beside it? On
     SQLite a "row lock" is a transaction that holds the one write lock (IMMEDIATE), and
-    any worker SIGSTOPped inside a write holds that lock from every other writer until it
-    resumes (seen: a cancel that took 6.8 s, a success written 6.4 s late, in a 6 s stop)."""
+    any worker frozen inside a write holds that lock from every other writer until it
+    resumes (seen: a cancel that took 6.8 s, a success written 6.4 s late, in a 6 s stop;
+    frozen_writers())."""
     away: list[Any] = [*faults.outages, *faults.table_locks]
     if not work.row_locks_exclusive:
         away += [Outage("row lock", lock.at, lock.released) for lock in work.row_locks]
-    if faults.one_write_lock:
-        away += [Outage("stopped writer", p.stopped, p.resumed) for p in faults.pauses]
+    away += frozen_writers(faults, jobs)
     if any(_overlaps(start, end, o.at, o.ended) for o in away):
         return True
     breaks = [*faults.restarted_at, *(k.at for k in faults.connection_kills)]
