@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,12 @@ if TYPE_CHECKING:
 # a row committed after the snapshot.
 SERIALIZATION_FAILURE = "40001"
 
+# Job.objects.enqueue_one()
+EnqueueOne = Callable[
+    [str, dict[str, Any], Sequence[Any], dict[str, Any]],
+    tuple[uuid.UUID, list[Any], dict[str, Any], datetime] | None,
+]
+
 _NOT_INSTALLED = (
     "TASKS[{alias!r}] uses JobStateBackend, but django_jobstate is not in INSTALLED_APPS, "
     "so it has no table to store jobs in."
@@ -70,10 +77,8 @@ class JobStateBackend(BaseTaskBackend):
     def enqueue(self, task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> TaskResult:
         plan = self._plans.get(task, self._plan)
         if plan.plain is not None:  # no key, limit, time, link or trace: no Job to build
-            from .models import Job
-
             task = plan.task
-            written = Job.objects.enqueue_one(task.module_path, plan.plain, args, kwargs)
+            written = self._enqueue_one(task.module_path, plan.plain, args, kwargs)
             if written is not None:
                 result = queued_result(task, written)
                 if audible(task_enqueued, type(self), logging.DEBUG):
@@ -123,6 +128,14 @@ class JobStateBackend(BaseTaskBackend):
     @cached_property
     def _plans(self) -> Plans:
         return Plans()
+
+    @cached_property
+    def _enqueue_one(self) -> EnqueueOne:
+        """Job.objects.enqueue_one, once the apps are loaded (this module is imported
+        before they are)."""
+        from .models import Job
+
+        return Job.objects.enqueue_one
 
     def _plan(self, task: Task, settings: Settings) -> Plan:
         """Check `task` (with JOBSTATE_TASK_OPTIONS applied) and work out its options: once

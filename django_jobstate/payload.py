@@ -74,6 +74,10 @@ class PayloadField(models.JSONField):
         return name, "django.db.models.JSONField", args, kwargs
 
 
+# What encode_payload() calls a task's arguments in its errors.
+ARGS, KWARGS = "Task arguments", "Task keyword arguments"
+
+
 def encode_payload(value: Any, what: str) -> tuple[Any, str]:
     """Return `value` as it will read back from JSON, and its JSON; or raise InvalidPayload."""
     if value is None:  # most tasks' return value

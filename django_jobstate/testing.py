@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from .exceptions import Snooze, class_path, describe_error
 from .loading import check_loadable
-from .payload import encode_payload
+from .payload import ARGS, KWARGS, encode_payload
 from .task_options import JobStateTask, validate_options, validate_queue, with_settings
 from .tasksapi import (
     BaseTaskBackend,
@@ -41,8 +41,8 @@ def enforce(
     task = with_settings(task)
     backend.validate_task(task)
     check_loadable(task)
-    encode_payload(list(args), "Task arguments")
-    encode_payload(dict(kwargs), "Task keyword arguments")
+    encode_payload(list(args), ARGS)
+    encode_payload(dict(kwargs), KWARGS)
     if is_unique(task):
         unique_key(task, args, kwargs)  # arguments that do not match the function raise
     return task

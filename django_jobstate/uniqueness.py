@@ -21,7 +21,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from .payload import encode_payload
+from .payload import ARGS, encode_payload
 from .states import State
 from .tasksapi import InvalidTask, Task
 
@@ -115,7 +115,7 @@ def unique_key(task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> str:
     except (TypeError, ValueError):
         # Keys as the stored arguments read back (bytes as text, tuples as lists, ...), or
         # the payload's own error, which says what cannot be JSON.
-        material["args"] = encode_payload(arguments, "Task arguments")[0]
+        material["args"] = encode_payload(arguments, ARGS)[0]
         text = json.dumps(material, sort_keys=True, separators=(",", ":"), default=str)
     return _digest(text)
 

@@ -21,7 +21,7 @@ from django.db import models
 from django.db.models import Q
 from django.utils.translation import gettext_lazy as _
 
-from ..payload import encode_payload
+from ..payload import ARGS, encode_payload
 from ..states import State
 from ..tasksapi import InvalidTask, Task
 from ..uniqueness import _digest, refuse_unknown_parameters
@@ -98,6 +98,6 @@ def concurrency_key(task: Task, args: Sequence[Any], kwargs: dict[str, Any]) -> 
     try:
         text = json.dumps(material, sort_keys=True, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):
-        material["args"] = encode_payload(material["args"], "Task arguments")[0]
+        material["args"] = encode_payload(material["args"], ARGS)[0]
         text = json.dumps(material, sort_keys=True, separators=(",", ":"), default=str)
     return _digest(text)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 from django.db import router
 
 from ..limits.concurrency import Hold
-from ..payload import encode_payload
+from ..payload import ARGS, KWARGS, encode_payload
 from ..uniqueness import UniqueScope
 from .bulk import PipelinedInserts
 from .deps import Dependencies, Links
@@ -180,7 +180,7 @@ class Enqueue(EnqueueUnique, PipelinedInserts, Limits, PreparedInserts, Dependen
     def _row(result_id: UUID, args: Sequence[Any], kwargs: dict[str, Any], key: str | None) -> Row:
         return (
             result_id,
-            *encode_payload(list(args), "Task arguments"),
-            *encode_payload(dict(kwargs), "Task keyword arguments"),
+            *encode_payload(list(args), ARGS),
+            *encode_payload(dict(kwargs), KWARGS),
             key,
         )
