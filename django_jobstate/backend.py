@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from datetime import datetime
+from collections.abc import Iterable, Sequence
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -42,12 +41,6 @@ if TYPE_CHECKING:
 # a row committed after the snapshot.
 SERIALIZATION_FAILURE = "40001"
 
-# Job.objects.enqueue_one()
-EnqueueOne = Callable[
-    [str, dict[str, Any], Sequence[Any], dict[str, Any]],
-    tuple[uuid.UUID, list[Any], dict[str, Any], datetime] | None,
-]
-
 _NOT_INSTALLED = (
     "TASKS[{alias!r}] uses JobStateBackend, but django_jobstate is not in INSTALLED_APPS, "
     "so it has no table to store jobs in."
@@ -78,7 +71,9 @@ class JobStateBackend(BaseTaskBackend):
         plan = self._plans.get(task, self._plan)
         if plan.plain is not None:  # no key, limit, time, link or trace: no Job to build
             task = plan.task
-            written = self._enqueue_one(task.module_path, plan.plain, args, kwargs)
+            written = self._job.objects.enqueue_one(
+                task.module_path, plan.plain, args, kwargs, plan.statements
+            )
             if written is not None:
                 result = queued_result(task, written)
                 if audible(task_enqueued, type(self), logging.DEBUG):
@@ -130,12 +125,12 @@ class JobStateBackend(BaseTaskBackend):
         return Plans()
 
     @cached_property
-    def _enqueue_one(self) -> EnqueueOne:
-        """Job.objects.enqueue_one, once the apps are loaded (this module is imported
-        before they are)."""
+    def _job(self) -> type[Job]:
+        """The Job model, once the apps are loaded (this module is imported before they
+        are): no import at every enqueue()."""
         from .models import Job
 
-        return Job.objects.enqueue_one
+        return Job
 
     def _plan(self, task: Task, settings: Settings) -> Plan:
         """Check `task` (with JOBSTATE_TASK_OPTIONS applied) and work out its options: once

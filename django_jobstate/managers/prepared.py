@@ -136,27 +136,6 @@ class PreparedInserts:
             prepared = cache[key] = self._prepare(db, task_path, options)
         return prepared
 
-    def _prepared_plan(self, db: str, task_path: str, options: dict[str, Any]) -> Prepared:
-        """_prepared() of a task's plan (task_options/plan.py): the same options dict at
-        every call, never changed, so found by identity, with no key built (a tenth of a
-        single enqueue's Python, enqueue_cost.py). The entry holds the dict: its id is no
-        other's meanwhile."""
-        pinned: dict[tuple[str, int], tuple[dict[str, Any], str, Prepared]]
-        pinned = self.__dict__.setdefault("_prepared_plans", {})
-        entry = pinned.get((db, id(options)))
-        if (
-            entry is not None
-            and entry[0] is options
-            and entry[1] == task_path
-            and entry[2].quiet == built_directly(self.model)
-        ):
-            return entry[2]
-        if len(pinned) >= MAX_PREPARED:
-            pinned.clear()
-        prepared = self._prepared(db, task_path, options)
-        pinned[db, id(options)] = (options, task_path, prepared)
-        return prepared
-
     def _prepare(self, db: str, task_path: str, options: dict[str, Any]) -> Prepared:
         metadata = options["metadata"]
         template = self.model(
@@ -196,14 +175,25 @@ class PreparedInserts:
         )
 
     def enqueue_one(
-        self, task_path: str, options: dict[str, Any], args: Sequence[Any], kwargs: dict[str, Any]
+        self,
+        task_path: str,
+        options: dict[str, Any],
+        args: Sequence[Any],
+        kwargs: dict[str, Any],
+        statements: dict[str, Prepared],
     ) -> tuple[UUID, list[Any], dict[str, Any], datetime] | None:
         """enqueue_many() of one plain call, without its Job: the result id, the arguments
         as they read back, and enqueued_at; JobStateBackend.enqueue()'s fast path. None,
         having written nothing, where it does not apply (no RETURNING; something hears
-        Job's pre_init or post_init, which a Job built would send): use enqueue_many()."""
+        Job's pre_init or post_init, which a Job built would send): use enqueue_many().
+        `statements`: the prepared INSERT of `task_path` and `options` per database, kept by
+        the caller with them (a task's plan: task_options/plan.py), so that none is looked
+        up by a key built from the options at every call (a tenth of this call's Python)."""
         db = router.db_for_write(self.model)
-        prepared = self._prepared_plan(db, task_path, options)
+        prepared = statements.get(db)
+        # A pre_init/post_init receiver connected or gone since: the other builder.
+        if prepared is None or prepared.quiet != built_directly(self.model):
+            prepared = statements[db] = self._prepared(db, task_path, options)
         if prepared.sql is None or not prepared.quiet:
             return None
         read_args, args_json = encode_payload(list(args), ARGS)

@@ -10,7 +10,7 @@ setting_changed (conf.reload_settings), which is how a plan knows it is stale.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..conf import Settings, get_settings
@@ -37,9 +37,11 @@ class Plan:
     tracing: bool
     # enqueue_many()'s options when a call needs nothing but them (no unique or concurrency
     # key, rate limit, run_after, metadata, dependency or trace; the task's own backend):
-    # JobStateBackend.enqueue()'s fast path. None otherwise. Never changed: enqueue_one()
-    # finds its prepared statement by the dict's identity.
+    # JobStateBackend.enqueue()'s fast path. None otherwise.
     plain: dict[str, Any] | None
+    # Job.objects.enqueue_one()'s prepared INSERT of `plain`, per database: found with the
+    # plan, with no key built from the options at every call.
+    statements: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def per_call(self, calls: Sequence[tuple[Sequence[Any], dict[str, Any]]]) -> dict[str, Any]:
         """Job.objects.enqueue_many()'s options that depend on each call's arguments (a
