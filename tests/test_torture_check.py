@@ -59,6 +59,14 @@ def test_an_attempt_that_does_not_hold_the_interpreter_excuses_nothing():
         assert not stalled(jobs, FROZEN, 0.5, 6.1, one_write_lock=True)
 
 
+def test_a_hold_excuses_no_more_than_its_length_after_its_claim():
+    # Its attempt left unfinished, or failed as lost long after its process was killed.
+    for finished in (None, at(30)):
+        jobs = [{**holding("gil-hold"), "finished_at": finished}]
+        assert stalled(jobs, NEIGHBOUR, 0.5, 6.1, one_write_lock=True)
+        assert not stalled(jobs, NEIGHBOUR, 14, 15, one_write_lock=True)
+
+
 def test_a_stopped_worker_excuses_everyones_late_write_on_sqlite_only():
     from bench.torture.torture_check import Pause
 

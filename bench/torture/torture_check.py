@@ -37,6 +37,9 @@ from django_jobstate.states import FailureReason, State
 # Slack when comparing a time this script took (wall clock + the measured offset to the
 # database clock) with a time the database wrote.
 CLOCK_SLACK = timedelta(milliseconds=50)
+# How much later than its claim a body may begin to hold the interpreter: its first
+# statement may wait out an outage of SQLite's write lock (6 s) first.
+HOLD_LATE = timedelta(seconds=6.5)
 # How late a worker may find its own attempt past its timeout before the supervisor's
 # kill (it checks ten times a second) counts as not enforced.
 TIMEOUT_SLACK = 1.0
@@ -765,13 +768,14 @@ def frozen_writers(faults: Faults, jobs: list[dict[str, Any]]) -> list[Outage]:
     if not faults.one_write_lock:
         return []
     windows = [Outage("stopped writer", p.stopped, p.resumed) for p in faults.pauses]
-    windows += [
-        Outage("held interpreter", j["started_at"], j["finished_at"])
-        for j in jobs
-        if j["args"][1] in (GIL_HOLD, GIL_OVERRUN)
-        and j["attempt"] == 1
-        and j["started_at"] is not None
-    ]
+    for j in jobs:
+        if j["args"][1] in (GIL_HOLD, GIL_OVERRUN) and j["attempt"] == 1 and j["started_at"]:
+            # Until the hold ended: at most its seconds after the claim, plus HOLD_LATE (not
+            # until the rescue of a process killed holding it, nor for ever if unfinished).
+            ended = j["started_at"] + timedelta(seconds=j["args"][2]) + HOLD_LATE
+            if j["finished_at"] is not None:
+                ended = min(ended, j["finished_at"])
+            windows.append(Outage("held interpreter", j["started_at"], ended))
     return windows
 
 
