@@ -4,6 +4,7 @@ plain job (managers/prepared.py): done once, and never stale or shared."""
 import uuid
 
 import pytest
+from django.apps import apps
 from django.db import connection, connections
 from django.db.models.signals import post_init
 from django.test import override_settings
@@ -175,3 +176,38 @@ def test_enqueue_of_a_plain_task_takes_the_path_that_builds_no_job(monkeypatch, 
     # MySQL 8 has no RETURNING: its plain enqueue takes the general path too.
     fast = fast and connection.features.can_return_columns_from_insert
     assert len(general) == (0 if fast else 1)
+
+
+def test_a_plain_enqueue_goes_through_the_job_manager_of_the_moment(monkeypatch):
+    """The backend holds no manager of its own: apps.clear_cache() (override_settings of
+    INSTALLED_APPS, isolate_apps) makes Job.objects a new one, which a test may patch."""
+    tasks.record.enqueue("warm")
+    apps.clear_cache()
+    seen = []
+    enqueue_one = Job.objects.enqueue_one
+
+    def spying(*args, **kwargs):
+        seen.append(args[0])
+        return enqueue_one(*args, **kwargs)
+
+    monkeypatch.setattr(Job.objects, "enqueue_one", spying)
+    tasks.record.enqueue("x")
+
+    assert seen == [tasks.record.module_path]
+
+
+def test_a_plans_prepared_insert_is_made_once_per_database(monkeypatch):
+    task = tasks.record.using(priority=3)  # a plan of its own
+    task.enqueue("warm")
+    made = []
+    prepare = Job.objects._prepared
+
+    def counting(*args, **kwargs):
+        made.append(args)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(Job.objects, "_prepared", counting)
+    results = [task.enqueue(str(n)) for n in range(3)]
+
+    assert made == []
+    assert [Job.objects.get(result_id=r.id).priority for r in results] == [3, 3, 3]
