@@ -417,6 +417,7 @@ def check(
             planned and kill_at is not None and kill_at <= j["finished_at"] + timedelta(seconds=5)
         )
 
+    frozen = frozen_writers(faults, jobs)
     for j in jobs:
         if j["failure_reason"] != FailureReason.LOST:
             continue
@@ -460,9 +461,7 @@ def check(
                 # On SQLite any writer frozen inside a write holds every other writer,
                 # this worker's loop too when it writes (seen: a 6 s pause of another
                 # worker, then 5 neighbours lost at the deadline it could not cancel).
-                stalled = any(
-                    _overlaps(since, finished, f.at, f.ended) for f in frozen_writers(faults, jobs)
-                )
+                stalled = any(_overlaps(since, finished, f.at, f.ended) for f in frozen)
                 if (
                     _cancellable(overrun)
                     and not held(jobs, faults, wid, since, finished)
